@@ -1,0 +1,53 @@
+"""FastAPI dependencies: the runtime's parts and the caller's tenant, as Annotated aliases."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from agentpark.errors import InvalidRequestError, NotReadyError
+from agentpark.parking import Parking
+from agentpark.runtime import Runtime
+
+__all__ = ["ParkingDep", "ReadyParkingDep", "RuntimeDep", "TenantDep"]
+
+TENANT_HEADER = "X-Agentpark-Tenant"
+_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def get_runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+def get_parking(runtime: RuntimeDep) -> Parking:
+    return runtime.parking
+
+
+def get_ready_parking(runtime: RuntimeDep) -> Parking:
+    """For routes that run the engine: 503 until warm-up has finished."""
+    if not runtime.ready.is_set():
+        raise NotReadyError("the engine is still warming up; retry shortly")
+    return runtime.parking
+
+
+def get_tenant(
+    x_agentpark_tenant: Annotated[str | None, Header(alias=TENANT_HEADER)] = None,
+) -> str:
+    """The caller's tenant; sessions of one tenant are invisible to every other."""
+    tenant = x_agentpark_tenant or "default"
+    if not _TENANT_RE.match(tenant):
+        raise InvalidRequestError(
+            f"{TENANT_HEADER} must be 1-128 letters, digits or ._-", tenant=tenant
+        )
+    return tenant
+
+
+ParkingDep = Annotated[Parking, Depends(get_parking)]
+ReadyParkingDep = Annotated[Parking, Depends(get_ready_parking)]
+TenantDep = Annotated[str, Depends(get_tenant)]

@@ -1,0 +1,171 @@
+"""Request and response bodies of the REST API (v1)."""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentpark.store.models import EventRow, SessionRow
+
+__all__ = [
+    "EventOut",
+    "EventPage",
+    "GenerateRequest",
+    "GenerateResponse",
+    "PauseRequest",
+    "PauseResponse",
+    "ResumeResponse",
+    "SessionCreate",
+    "SessionOut",
+    "SessionPage",
+]
+
+TierName = Literal["auto", "dram", "shm", "disk"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SessionCreate(_Request):
+    session_id: str | None = Field(
+        None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+    )
+    metadata: dict[str, Any] | None = None
+
+
+class GenerateRequest(_Request):
+    prompt: str | None = Field(None, description="text, encoded by the engine's tokenizer")
+    prompt_tokens: list[int] | None = Field(None, description="token ids, instead of prompt")
+    max_new_tokens: int = Field(16, ge=1, description="upper bound set by limits.max_new_tokens")
+    temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 is greedy")
+    seed: int = Field(0, ge=0, le=2**63 - 1)
+    return_logits: bool = Field(
+        False, description="include the float32 logits of the next token (base64, little-endian)"
+    )
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        if self.prompt is not None and self.prompt_tokens is not None:
+            raise ValueError("give prompt or prompt_tokens, not both")
+        return self
+
+
+class PauseRequest(_Request):
+    tool: str | None = Field(None, max_length=128, description="the tool the agent is running")
+    expected_resume_s: float | None = Field(None, ge=0.0)
+    tier: TierName = "auto"
+
+
+def _ts(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+class SessionOut(BaseModel):
+    session_id: str
+    tenant: str
+    state: str
+    tier: str | None
+    num_tokens: int
+    kv_blocks: int
+    kv_bytes: int
+    created_at: datetime
+    last_active_at: datetime
+    paused_at: datetime | None
+    pause_count: int
+    tool: str | None
+    expected_resume_at: datetime | None
+    lost_reason: str | None
+    metadata: dict[str, Any]
+
+    @classmethod
+    def of(cls, row: SessionRow) -> SessionOut:
+        return cls(
+            session_id=row.session_id,
+            tenant=row.tenant,
+            state=row.state,
+            tier=row.tier,
+            num_tokens=row.num_tokens,
+            kv_blocks=row.kv_blocks,
+            kv_bytes=row.kv_bytes,
+            created_at=datetime.fromtimestamp(row.created_at, UTC),
+            last_active_at=datetime.fromtimestamp(row.last_active_at, UTC),
+            paused_at=_ts(row.paused_at),
+            pause_count=row.pause_count,
+            tool=row.tool,
+            expected_resume_at=_ts(row.expected_resume_at),
+            lost_reason=row.lost_reason,
+            metadata=row.meta or {},
+        )
+
+
+class SessionPage(BaseModel):
+    sessions: list[SessionOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
+
+
+class GenerateResponse(BaseModel):
+    session_id: str
+    tokens: list[int]
+    text: str
+    num_tokens: int = Field(description="tokens in the session after this call")
+    resumed: bool = Field(description="the session was parked or lost and was brought back")
+    restored_from: str | None
+    resume_ms: float | None
+    logits: str | None = None
+
+    @staticmethod
+    def encode_logits(logits: Any) -> str:
+        return base64.b64encode(logits.astype("<f4").tobytes()).decode()
+
+
+class PauseResponse(BaseModel):
+    session_id: str
+    state: str
+    tier: str | None
+    kv_bytes: int
+    pause_ms: float
+
+
+class ResumeResponse(BaseModel):
+    session_id: str
+    state: str
+    restored_from: str = Field(description="pool (was active), dram, or recompute")
+    resume_ms: float
+
+
+class EventOut(BaseModel):
+    id: int
+    session_id: str
+    kind: str
+    at: datetime
+    duration_ms: float | None
+    bytes: int | None
+    from_state: str | None
+    to_state: str | None
+    from_tier: str | None
+    to_tier: str | None
+    detail: str | None
+
+    @classmethod
+    def of(cls, row: EventRow) -> EventOut:
+        return cls(
+            id=row.id,
+            session_id=row.session_id,
+            kind=row.kind,
+            at=datetime.fromtimestamp(row.at, UTC),
+            duration_ms=row.duration_ms,
+            bytes=row.bytes,
+            from_state=row.from_state,
+            to_state=row.to_state,
+            from_tier=row.from_tier,
+            to_tier=row.to_tier,
+            detail=row.detail,
+        )
+
+
+class EventPage(BaseModel):
+    events: list[EventOut]

@@ -1,0 +1,127 @@
+"""Command line: ``agentpark serve | db upgrade | status | bench transfer``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from agentpark.config import Settings, load_settings
+from agentpark.errors import ConfigError
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args))
+    except ConfigError as exc:
+        print(f"agentpark: {exc.message}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentpark", description=__doc__)
+    parser.add_argument(
+        "--config", type=Path, help="TOML config file (default: $AGENTPARK_CONFIG, else none)"
+    )
+    sub = parser.add_subparsers(title="commands")
+
+    serve = sub.add_parser("serve", help="run the daemon (migrates the database first)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=_port, help="bind port (default 8470; 0 picks one)")
+    serve.set_defaults(run=_serve)
+
+    db = sub.add_parser("db", help="database maintenance")
+    db_sub = db.add_subparsers(title="db commands")
+    db_up = db_sub.add_parser("upgrade", help="apply alembic migrations up to head")
+    db_up.set_defaults(run=_db_upgrade)
+
+    status = sub.add_parser("status", help="print a running daemon's /v1/host as a table")
+    status.add_argument("--url", help="daemon URL (default: from the config's server section)")
+    status.set_defaults(run=_status)
+
+    bench = sub.add_parser("bench", help="benchmarks (print ratios measured in one run)")
+    bench_sub = bench.add_subparsers(title="benchmarks")
+    transfer = bench_sub.add_parser(
+        "transfer", help="pause/restore GB/s vs np.copyto at 64 MiB, 256 MiB, 1 GiB"
+    )
+    transfer.add_argument(
+        "--sizes", default="64MiB,256MiB,1GiB", help="comma-separated KV sizes per session"
+    )
+    transfer.add_argument("--repeats", type=int, default=5, help="runs per size (median)")
+    transfer.set_defaults(run=_bench_transfer)
+    return parser
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 0..65535")
+    return port
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = load_settings(args.config)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from agentpark.app import create_app
+
+    settings = _settings(args)
+    server = settings.server.model_copy(
+        update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    )
+    settings = settings.model_copy(update={"server": server})
+    uvicorn.run(
+        create_app(settings), host=server.host, port=server.port, log_level=settings.log_level
+    )
+    return 0
+
+
+def _db_upgrade(args: argparse.Namespace) -> int:
+    from agentpark.store.migrate import upgrade
+
+    settings = _settings(args)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.database_url)
+    print(f"database at head: {settings.database_url}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from agentpark.status import print_status
+
+    settings = _settings(args)
+    url = args.url or f"http://{settings.server.host}:{settings.server.port}"
+    return print_status(url)
+
+
+def _bench_transfer(args: argparse.Namespace) -> int:
+    from agentpark.bench.transfer import run_transfer_bench
+
+    sizes = [_parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    return run_transfer_bench(sizes, repeats=args.repeats)
+
+
+def _parse_size(text: str) -> int:
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        return int(TypeAdapter(ByteSize).validate_python(text.strip()))
+    except ValidationError:
+        raise SystemExit(f"agentpark: cannot read size {text!r} (e.g. 64MiB, 1GiB)") from None

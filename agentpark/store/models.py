@@ -1,0 +1,82 @@
+"""SQLAlchemy 2.0 models: the schema the alembic migrations create, and nothing else.
+
+Times are UTC epoch seconds (REAL): unambiguous in SQLite and cheap for policy math.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["Base", "EventRow", "SessionRow"]
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SessionRow(Base):
+    """One agent session; the row outlives the session (state 'deleted') as history."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (
+        UniqueConstraint("tenant", "session_id", name="uq_sessions_tenant_session_id"),
+        Index("ix_sessions_tenant_state", "tenant", "state"),
+    )
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(String(128))
+    tenant: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16))
+    tier: Mapped[str | None] = mapped_column(String(16))
+    num_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    kv_blocks: Mapped[int] = mapped_column(Integer, default=0)
+    kv_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    last_active_at: Mapped[float] = mapped_column(Float)
+    paused_at: Mapped[float | None] = mapped_column(Float)
+    pause_count: Mapped[int] = mapped_column(Integer, default=0)
+    tool: Mapped[str | None] = mapped_column(String(128))
+    expected_resume_at: Mapped[float | None] = mapped_column(Float)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    # int32 little-endian token ids: the log a lost session is recomputed from.
+    token_log: Mapped[bytes] = mapped_column(LargeBinary, default=b"")
+    # float32 logits for the next token, so a resumed session continues without a step.
+    next_logits: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # Where the parked copy lives, e.g. {"slots": [3, 4]}; null when not parked.
+    parked_handle: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    checksum: Mapped[str | None] = mapped_column(String(64))
+    lost_reason: Mapped[str | None] = mapped_column(String(256))
+    deleted_at: Mapped[float | None] = mapped_column(Float)
+
+
+class EventRow(Base):
+    """One state transition, with what it cost."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_tenant_session", "tenant", "session_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_seq: Mapped[int] = mapped_column(ForeignKey("sessions.seq", ondelete="CASCADE"))
+    tenant: Mapped[str] = mapped_column(String(128))
+    session_id: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(32))
+    at: Mapped[float] = mapped_column(Float, index=True)
+    duration_ms: Mapped[float | None] = mapped_column(Float)
+    bytes: Mapped[int | None] = mapped_column(Integer)
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str | None] = mapped_column(String(16))
+    from_tier: Mapped[str | None] = mapped_column(String(16))
+    to_tier: Mapped[str | None] = mapped_column(String(16))
+    detail: Mapped[str | None] = mapped_column(String(1024))

@@ -1,0 +1,93 @@
+"""A host tier: preallocated blocks in host memory plus the bookkeeping of who holds which.
+
+The bookkeeping (slot allocation, capacity) lives here; moving bytes in and out of the
+buffers is the DMA core's job (agentpark.dma). A tier's slot ``s`` is row ``s`` of every
+buffer, one buffer per pool array, so a parked block keeps the pool's own layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Protocol
+
+import numpy as np
+
+from agentpark.engine.base import PoolGeometry
+from agentpark.engine.pool import BlockAllocator, PoolExhaustedError
+from agentpark.errors import TierFullError
+
+__all__ = ["HostTier", "SlotTier"]
+
+
+class HostTier(Protocol):
+    """What parking and the DMA core need from a tier."""
+
+    name: str
+    geometry: PoolGeometry
+
+    @property
+    def capacity_blocks(self) -> int: ...
+
+    @property
+    def used_blocks(self) -> int: ...
+
+    def buffers(self) -> list[np.ndarray]: ...
+
+    def allocate(self, owner: Hashable, n: int) -> list[int]: ...
+
+    def free(self, owner: Hashable) -> list[int]: ...
+
+
+class SlotTier:
+    """Slot bookkeeping shared by every tier: a free list over ``capacity_blocks`` slots."""
+
+    name = "tier"
+
+    def __init__(self, geometry: PoolGeometry, capacity_blocks: int) -> None:
+        self.geometry = geometry
+        self._capacity_blocks = capacity_blocks
+        # BlockAllocator needs at least one slot; a zero-capacity tier refuses every pause.
+        self._slots = BlockAllocator(capacity_blocks) if capacity_blocks else None
+
+    @property
+    def capacity_blocks(self) -> int:
+        return self._capacity_blocks
+
+    @property
+    def used_blocks(self) -> int:
+        return self._slots.num_used if self._slots else 0
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._capacity_blocks * self.geometry.block_nbytes
+
+    @property
+    def used_bytes(self) -> int:
+        return self.used_blocks * self.geometry.block_nbytes
+
+    def allocate(self, owner: Hashable, n: int) -> list[int]:
+        """Reserve ``n`` slots for ``owner``, all or none (TierFullError names the numbers)."""
+        if n == 0:
+            return []
+        try:
+            if self._slots is None:
+                raise PoolExhaustedError(n, 0, 0)
+            return self._slots.allocate(owner, n)
+        except PoolExhaustedError as exc:
+            block = self.geometry.block_nbytes
+            raise TierFullError(
+                f"{self.name} tier is full: needs {n} blocks ({n * block} bytes), "
+                f"{exc.free} of {exc.total} free",
+                tier=self.name,
+                needed_blocks=n,
+                free_blocks=exc.free,
+                capacity_blocks=exc.total,
+            ) from None
+
+    def free(self, owner: Hashable) -> list[int]:
+        """Release every slot ``owner`` holds."""
+        return self._slots.free_all(owner) if self._slots else []
+
+    def check_invariants(self) -> None:
+        if self._slots:
+            self._slots.check_invariants()

@@ -1,0 +1,1 @@
+"""Alembic migrations, installed as the package ``agentpark.migrations``."""
