@@ -1,0 +1,137 @@
+"""Block allocator for a paged KV pool.
+
+The allocator is the source of truth for how much of the pool is in use ("HBM reclaimed" is
+blocks returned to its free list). It only does bookkeeping: it never touches the pool arrays.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Hashable, Iterable
+
+__all__ = ["BlockAllocator", "PoolExhaustedError"]
+
+
+class PoolExhaustedError(Exception):
+    """Not enough free blocks for an allocation; nothing was allocated."""
+
+    def __init__(self, needed: int, free: int, total: int) -> None:
+        super().__init__(f"KV pool exhausted: needed {needed} blocks, {free} free of {total}")
+        self.needed = needed
+        self.free = free
+        self.total = total
+
+
+class BlockAllocator:
+    """Free list plus ownership map over block ids ``0..num_blocks-1``; thread-safe.
+
+    Allocation and freeing are O(1) per block. Owners are any hashable (e.g. a session id or a
+    ``("session", id)`` tuple). Blocks are handed out lowest id first from a fresh allocator and
+    freed blocks go to the back of the free list, so reuse is FIFO and deterministic.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self._total = num_blocks
+        self._lock = threading.Lock()
+        self._free: deque[int] = deque(range(num_blocks))
+        self._owner_of: dict[int, Hashable] = {}
+        # owner -> its blocks in allocation order (a dict used as an ordered set).
+        self._blocks_of: dict[Hashable, dict[int, None]] = {}
+
+    @property
+    def total(self) -> int:
+        return self._total
+
+    @property
+    def num_free(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        with self._lock:
+            return len(self._owner_of)
+
+    def allocate(self, owner: Hashable, n: int) -> list[int]:
+        """Give ``n`` blocks to ``owner``, all or nothing (raises PoolExhaustedError)."""
+        if n < 0:
+            raise ValueError(f"cannot allocate a negative number of blocks ({n})")
+        if n == 0:
+            return []  # and no empty ownership entry
+        with self._lock:
+            if n > len(self._free):
+                raise PoolExhaustedError(needed=n, free=len(self._free), total=self._total)
+            blocks = [self._free.popleft() for _ in range(n)]
+            owned = self._blocks_of.setdefault(owner, {})
+            for b in blocks:
+                self._owner_of[b] = owner
+                owned[b] = None
+            return blocks
+
+    def free(self, owner: Hashable, blocks: Iterable[int]) -> None:
+        """Return exactly ``blocks`` of ``owner`` to the free list.
+
+        Checks every block first, so a bad request (ValueError) frees nothing.
+        """
+        blocks = list(blocks)
+        with self._lock:
+            if len(set(blocks)) != len(blocks):
+                raise ValueError(f"duplicate block ids in free request: {blocks}")
+            for b in blocks:
+                if b not in self._owner_of or self._owner_of[b] != owner:
+                    raise ValueError(f"block {b} is not owned by {owner!r}")
+            owned = self._blocks_of[owner] if blocks else {}
+            for b in blocks:
+                del self._owner_of[b]
+                del owned[b]
+                self._free.append(b)
+            if blocks and not owned:
+                del self._blocks_of[owner]
+
+    def free_all(self, owner: Hashable) -> list[int]:
+        """Free every block of ``owner``; returns them (empty if it owned none)."""
+        with self._lock:
+            blocks = list(self._blocks_of.pop(owner, {}))
+            for b in blocks:
+                del self._owner_of[b]
+                self._free.append(b)
+            return blocks
+
+    def owned(self, owner: Hashable) -> list[int]:
+        """Blocks of ``owner`` in allocation order."""
+        with self._lock:
+            return list(self._blocks_of.get(owner, {}))
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the bookkeeping is inconsistent (used by tests and debug)."""
+        with self._lock:
+            free = list(self._free)
+            free_set = set(free)
+            if len(free_set) != len(free):
+                raise AssertionError("free list contains duplicate block ids")
+            if len(free) + len(self._owner_of) != self._total:
+                raise AssertionError(
+                    f"free ({len(free)}) + used ({len(self._owner_of)}) != total ({self._total})"
+                )
+            both = free_set.intersection(self._owner_of)
+            if both:
+                raise AssertionError(f"blocks both free and owned: {sorted(both)[:10]}")
+            out_of_range = [b for b in free_set.union(self._owner_of) if not 0 <= b < self._total]
+            if out_of_range:
+                raise AssertionError(f"block ids out of range: {sorted(out_of_range)[:10]}")
+            n_by_owner = 0
+            for owner, blocks in self._blocks_of.items():
+                if not blocks:
+                    raise AssertionError(f"owner {owner!r} is listed with no blocks")
+                for b in blocks:
+                    if self._owner_of.get(b, _MISSING) != owner:
+                        raise AssertionError(f"block {b} listed under {owner!r} but owned elsewise")
+                n_by_owner += len(blocks)
+            if n_by_owner != len(self._owner_of):
+                raise AssertionError("ownership maps disagree on the number of used blocks")
+
+
+_MISSING = object()
