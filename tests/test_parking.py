@@ -1,0 +1,122 @@
+"""Parking without HTTP: accounting invariants under a seeded random workload, and failures."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Sequence
+
+import pytest
+
+from agentpark.config import Settings
+from agentpark.engine.base import EngineAdapter
+from agentpark.errors import AgentparkError, TransferError
+from agentpark.parking import Parking
+from agentpark.runtime import Runtime
+from agentpark.tiers.base import HostTier
+
+
+@pytest.fixture
+def runtime(make_settings: Callable[..., Settings]) -> Iterator[Runtime]:
+    runtime = Runtime.start(
+        make_settings(pool={"num_blocks": 24}, tiers={"dram": {"capacity": 16 * 4096}})
+    )
+    yield runtime
+    runtime.close()
+
+
+def test_accounting_invariant_holds_after_every_step_of_a_random_workload(
+    runtime: Runtime,
+) -> None:
+    parking = runtime.parking
+    rng = random.Random(1234)
+    ids: list[str] = []
+    outcomes: dict[str, int] = {}
+    for step in range(300):
+        op = rng.choice(["create", "generate", "generate", "pause", "resume", "delete"])
+        if op == "create" or not ids:
+            sid = f"s{step}"
+            parking.create("t", sid, None)
+            ids.append(sid)
+            op = "create"
+        else:
+            sid = rng.choice(ids)
+        try:
+            if op == "generate":
+                prompt = [rng.randrange(256) for _ in range(rng.randrange(0, 20))] or [1]
+                parking.generate("t", sid, prompt, rng.randrange(1, 24))
+            elif op == "pause":
+                parking.pause("t", sid)
+            elif op == "resume":
+                parking.resume("t", sid)
+            elif op == "delete":
+                parking.delete("t", sid)
+                ids.remove(sid)
+            outcome = "ok"
+        except AgentparkError as exc:
+            outcome = exc.code  # pool_full, tier_full, limit_exceeded are legitimate
+        outcomes[f"{op}:{outcome}"] = outcomes.get(f"{op}:{outcome}", 0) + 1
+        parking.check_invariants()
+        alloc = runtime.engine.allocator
+        assert alloc.num_free + alloc.num_used == alloc.total
+        dram_used = sum(r.kv_blocks for r in parking.live_sessions() if r.state == "parked")
+        assert runtime.parking.dram.used_blocks == dram_used
+    # the workload really exercised the full-pool and full-tier paths, not just the happy one
+    assert outcomes.get("pause:ok", 0) > 10 and outcomes.get("resume:ok", 0) > 5
+    assert any(k.endswith(("pool_full", "tier_full")) for k in outcomes), outcomes
+
+
+class FailingTransfer:
+    """Fault injection: the real host_copy backend, failing the direction we choose."""
+
+    def __init__(self, inner: object, fail: str) -> None:
+        self.inner, self.fail, self.name = inner, fail, "failing"
+
+    def d2h(
+        self, engine: EngineAdapter, ids: Sequence[int], tier: HostTier, slots: Sequence[int]
+    ) -> None:
+        if self.fail == "d2h":
+            raise OSError("injected copy failure")
+        self.inner.d2h(engine, ids, tier, slots)  # type: ignore[attr-defined]
+
+    def h2d(
+        self, tier: HostTier, slots: Sequence[int], engine: EngineAdapter, ids: Sequence[int]
+    ) -> None:
+        if self.fail == "h2d":
+            raise OSError("injected copy failure")
+        self.inner.h2d(tier, slots, engine, ids)  # type: ignore[attr-defined]
+
+
+def _parking_with(runtime: Runtime, fail: str) -> Parking:
+    parking = runtime.parking
+    parking.transfer = FailingTransfer(parking.transfer, fail)
+    return parking
+
+
+def test_failed_pause_keeps_the_session_active_and_frees_the_tier(runtime: Runtime) -> None:
+    parking = _parking_with(runtime, "d2h")
+    parking.create("t", "s", None)
+    parking.generate("t", "s", [5, 6, 7], 10)
+    blocks = list(runtime.engine.allocator.owned(("t", "s")))
+    with pytest.raises(TransferError):
+        parking.pause("t", "s")
+    assert parking.get("t", "s").state == "active"
+    assert runtime.engine.allocator.owned(("t", "s")) == blocks
+    assert parking.dram.used_blocks == 0
+    parking.check_invariants()
+
+
+def test_failed_restore_keeps_the_parked_copy(runtime: Runtime) -> None:
+    parking = _parking_with(runtime, "h2d")
+    parking.create("t", "s", None)
+    parking.generate("t", "s", [5, 6, 7], 10)
+    parking.pause("t", "s")
+    used = runtime.engine.allocator.num_used
+    with pytest.raises(TransferError):
+        parking.resume("t", "s")
+    row = parking.get("t", "s")
+    assert row.state == "parked" and row.tier == "dram"
+    assert runtime.engine.allocator.num_used == used
+    assert parking.dram.used_blocks == row.kv_blocks > 0
+    parking.transfer = parking.transfer.inner  # type: ignore[attr-defined]
+    assert parking.resume("t", "s").restored_from == "dram"
+    parking.check_invariants()
