@@ -1,0 +1,92 @@
+"""The installed command: `agentpark serve` as a real process, `agentpark status` against it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _env(state_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPARK_")}
+    env["AGENTPARK_STATE_DIR"] = str(state_dir)
+    env["AGENTPARK_POOL__NUM_BLOCKS"] = "32"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def test_serve_status_and_sigterm(tmp_path: Path) -> None:
+    port = _free_port()
+    env = _env(tmp_path / "state")
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "agentpark", "serve", "--port", str(port)]
+    with subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # blocks until uvicorn reports it is listening
+            seen.append(line)
+            if "Uvicorn running on" in line:
+                break
+        # keep draining its log so the daemon never blocks on a full pipe
+        rest: list[str] = []
+        drain = threading.Thread(target=lambda: rest.append(proc.stderr.read()), daemon=True)
+        drain.start()
+        try:
+            assert proc.poll() is None, "daemon exited early:\n" + "".join(seen)
+            assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
+            assert (tmp_path / "state" / "agentpark.db").is_file()
+            httpx.post(f"{url}/v1/sessions", json={"session_id": "cli"})
+            status = subprocess.run(
+                [sys.executable, "-m", "agentpark", "status", "--url", url],
+                env=env | {"COLUMNS": "120"},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=60)
+            drain.join(timeout=10)
+    # uvicorn shuts down gracefully, then re-raises SIGTERM (systemd counts that as success)
+    assert code in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in "".join(rest)
+    assert status.returncode == 0, status.stderr
+    assert "KV pool used" in status.stdout and "0/32 blocks" in status.stdout
+    assert "tier dram" in status.stdout and "HBM reclaimed" in status.stdout
+
+
+def test_status_of_a_daemon_that_is_not_there_fails_clearly(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    out = subprocess.run(
+        [sys.executable, "-m", "agentpark", "status", "--url", url],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and "did not answer" in out.stdout
+
+
+def test_bad_config_stops_serve_with_the_key_and_range(tmp_path: Path) -> None:
+    env = _env(tmp_path) | {"AGENTPARK_POOL__BLOCK_SIZE": "0"}
+    out = subprocess.run(
+        [sys.executable, "-m", "agentpark", "serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "pool.block_size" in out.stderr and "1..4096" in out.stderr
