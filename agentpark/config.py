@@ -80,7 +80,6 @@ class DmaSettings(_Section):
 
 class LimitSettings(_Section):
     max_new_tokens: int = Field(512, ge=1, le=1_048_576)
-    max_sessions: int = Field(100_000, ge=1, le=10_000_000)
 
 
 class Settings(BaseSettings):

@@ -29,7 +29,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -143,6 +143,8 @@ class Parking:
         self.dram = dram
         self.max_new_tokens = max_new_tokens
         self.counters = Counters()
+        # Called with every event after it is committed (metrics, policy); must not raise.
+        self.listeners: list[Callable[[EventRow], None]] = []
         self._sessions: dict[tuple[str, str], _Live] = {}
         self._registry_lock = threading.Lock()
         self._reconcile()
@@ -169,7 +171,7 @@ class Parking:
                 row.state, row.tier, row.lost_reason = State.LOST, None, reason
                 row.kv_blocks = row.kv_bytes = 0
                 row.parked_handle = None
-                self.store.save(row, event)
+                self._commit(row, event)
             self._sessions[live.key] = live
         if self._sessions:
             log.info("re-attached %d sessions", len(self._sessions))
@@ -228,7 +230,9 @@ class Parking:
                 meta=metadata or {},
                 token_log=b"",
             )
-            self.store.insert(row, self._event(row, "create", now, to_state=State.ACTIVE))
+            event = self._event(row, "create", now, to_state=State.ACTIVE)
+            self.store.insert(row, event)
+            self._notify(event)
             self._sessions[(tenant, session_id)] = _Live(row, [], None)
         return row
 
@@ -249,7 +253,7 @@ class Parking:
             row.state, row.tier, row.deleted_at = State.DELETED, None, now
             row.kv_blocks = row.kv_bytes = 0
             row.parked_handle = None
-            self.store.save(row, event)
+            self._commit(row, event)
             with self._registry_lock:
                 del self._sessions[live.key]
 
@@ -371,7 +375,7 @@ class Parking:
             event = self._event(row, "generate", now, to_state=State.ACTIVE)
             event.duration_ms = (time.perf_counter() - started) * 1e3
             event.detail = f"prompt={len(prompt_tokens)} new={len(new)}"
-            self.store.save(row, event)
+            self._commit(row, event)
             self.counters.tokens_generated += len(new)
         return new
 
@@ -420,7 +424,7 @@ class Parking:
             row.expected_resume_at = None if expected_resume_s is None else now + expected_resume_s
             row.parked_handle = {"slots": slots}
             row.kv_blocks, row.kv_bytes = len(blocks), nbytes
-            self.store.save(row, event)
+            self._commit(row, event)
             self.counters.pauses += 1
             self.counters.bytes_parked += nbytes
             return PauseResult(row, elapsed_ms)
@@ -488,7 +492,7 @@ class Parking:
         row.state, row.tier, row.parked_handle, row.lost_reason = State.ACTIVE, None, None, None
         row.last_active_at = now
         self._sync_kv(live)
-        self.store.save(row, event)
+        self._commit(row, event)
         return restored_from, elapsed_ms
 
     # ---- host view ------------------------------------------------------------------
@@ -589,6 +593,19 @@ class Parking:
         row.next_logits = None if live.next_logits is None else live.next_logits.tobytes()
         row.kv_blocks = len(live.block_table)
         row.kv_bytes = row.kv_blocks * self.engine.geometry.block_nbytes
+
+    def _commit(self, row: SessionRow, *events: EventRow) -> None:
+        """Persist the row with the events that explain it, then tell the listeners."""
+        self.store.save(row, *events)
+        for event in events:
+            self._notify(event)
+
+    def _notify(self, event: EventRow) -> None:
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:
+                log.exception("event listener failed on %s", event.kind)
 
     @staticmethod
     def _event(

@@ -74,7 +74,7 @@ class HostCopyTransfer:
                         pool[i] = _scatter_rows(pool[i], buf[first : first + size], targets)
                     except Exception as exc:
                         raise TransferError(f"restore scatter failed: {exc}") from exc
-            jax.block_until_ready(pool)
+            jax.block_until_ready(pool)  # type: ignore[no-untyped-call]
             engine.set_kv_pool(pool)
 
 

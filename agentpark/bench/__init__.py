@@ -1,0 +1,1 @@
+"""Benchmarks run by ``agentpark bench``: each prints ratios measured within one run."""
