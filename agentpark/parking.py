@@ -167,6 +167,7 @@ class Parking:
                 self.store.save(row)
             if reason is not None:
                 event = self._event(row, "lost", now, to_state=State.LOST, detail=reason)
+                event.reason = "restart"
                 event.from_state, event.from_tier = row.state, row.tier
                 row.state, row.tier, row.lost_reason = State.LOST, None, reason
                 row.kv_blocks = row.kv_bytes = 0
@@ -291,7 +292,7 @@ class Parking:
                 if row.state != State.ACTIVE:
                     restore_blocks = extra[: self.engine.blocks_for(len(live.tokens))]
                     extra = extra[len(restore_blocks) :]
-                    restored_from, resume_ms = self._bring_back(live, restore_blocks)
+                    restored_from, resume_ms = self._bring_back(live, restore_blocks, "generate")
                 live.block_table.extend(extra)
                 extra = []
                 new = self._decode(live, prompt_tokens, max_new_tokens, temperature, seed)
@@ -388,6 +389,7 @@ class Parking:
         tier: str = "auto",
         tool: str | None = None,
         expected_resume_s: float | None = None,
+        reason: str = "explicit",
     ) -> PauseResult:
         """Copy the session's blocks to a host tier, then free them in the pool."""
         live = self._live(tenant, session_id)
@@ -417,6 +419,7 @@ class Parking:
             nbytes = len(blocks) * self.engine.geometry.block_nbytes
             event = self._event(row, "pause", now, from_state=State.ACTIVE, to_state=State.PARKED)
             event.to_tier, event.bytes, event.duration_ms = host_tier.name, nbytes, elapsed_ms
+            event.reason = reason
             event.detail = f"tool={tool}" if tool else None
             row.state, row.tier, row.paused_at = State.PARKED, host_tier.name, now
             row.pause_count += 1
@@ -441,7 +444,7 @@ class Parking:
 
     # ---- resume ---------------------------------------------------------------------
 
-    def resume(self, tenant: str, session_id: str) -> ResumeResult:
+    def resume(self, tenant: str, session_id: str, reason: str = "explicit") -> ResumeResult:
         """Bring the session's KV back into the pool (copy, or recompute if it is gone)."""
         live = self._live(tenant, session_id)
         with self._operation(live, "resume"):
@@ -451,10 +454,10 @@ class Parking:
             if row.state not in (State.PARKED, State.LOST):
                 raise InvalidStateError(f"cannot resume in state {row.state}", state=row.state)
             blocks = self._allocate(live, self.engine.blocks_for(len(live.tokens)))
-            restored_from, elapsed_ms = self._bring_back(live, blocks)
+            restored_from, elapsed_ms = self._bring_back(live, blocks, reason)
             return ResumeResult(row, restored_from, elapsed_ms)
 
-    def _bring_back(self, live: _Live, blocks: list[int]) -> tuple[str, float]:
+    def _bring_back(self, live: _Live, blocks: list[int], reason: str) -> tuple[str, float]:
         """Restore a PARKED or LOST session into ``blocks`` (already allocated to it)."""
         row = live.row
         started = time.perf_counter()
@@ -481,7 +484,7 @@ class Parking:
         elapsed_ms = (time.perf_counter() - started) * 1e3
         kind = "recompute" if restored_from == "recompute" else "resume"
         event = self._event(row, kind, now, from_state=from_state, to_state=State.ACTIVE)
-        event.from_tier, event.duration_ms = from_tier, elapsed_ms
+        event.from_tier, event.duration_ms, event.reason = from_tier, elapsed_ms, reason
         event.bytes = len(blocks) * self.engine.geometry.block_nbytes
         if restored_from == "recompute":
             event.detail = row.lost_reason
@@ -617,6 +620,7 @@ class Parking:
         detail: str | None = None,
     ) -> EventRow:
         return EventRow(
+            reason="explicit",
             tenant=row.tenant,
             session_id=row.session_id,
             kind=kind,

@@ -148,6 +148,7 @@ class EventOut(BaseModel):
     to_state: str | None
     from_tier: str | None
     to_tier: str | None
+    reason: str | None
     detail: str | None
 
     @classmethod
@@ -163,6 +164,7 @@ class EventOut(BaseModel):
             to_state=row.to_state,
             from_tier=row.from_tier,
             to_tier=row.to_tier,
+            reason=row.reason,
             detail=row.detail,
         )
 

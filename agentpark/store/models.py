@@ -79,4 +79,6 @@ class EventRow(Base):
     to_state: Mapped[str | None] = mapped_column(String(16))
     from_tier: Mapped[str | None] = mapped_column(String(16))
     to_tier: Mapped[str | None] = mapped_column(String(16))
+    # Why: explicit (an API call), idle, pressure, drain, prefetch, demote, restart, ...
+    reason: Mapped[str | None] = mapped_column(String(32))
     detail: Mapped[str | None] = mapped_column(String(1024))
