@@ -40,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     db = sub.add_parser("db", help="database maintenance")
+    db.set_defaults(run=lambda _args: _print_help(db))
     db_sub = db.add_subparsers(title="db commands")
     db_up = db_sub.add_parser("upgrade", help="apply alembic migrations up to head")
     db_up.set_defaults(run=_db_upgrade)
@@ -49,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     status.set_defaults(run=_status)
 
     bench = sub.add_parser("bench", help="benchmarks (print ratios measured in one run)")
+    bench.set_defaults(run=lambda _args: _print_help(bench))
     bench_sub = bench.add_subparsers(title="benchmarks")
     transfer = bench_sub.add_parser(
         "transfer", help="pause/restore GB/s vs np.copyto at 64 MiB, 256 MiB, 1 GiB"
@@ -59,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     transfer.add_argument("--repeats", type=int, default=5, help="runs per size (median)")
     transfer.set_defaults(run=_bench_transfer)
     return parser
+
+
+def _print_help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
 
 
 def _port(text: str) -> int:
@@ -81,12 +88,14 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from agentpark.app import create_app
+    from agentpark.dma import select_transfer
 
     settings = _settings(args)
     server = settings.server.model_copy(
         update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     )
     settings = settings.model_copy(update={"server": server})
+    select_transfer(settings.dma.backend)  # refuse a backend this host cannot run, before binding
     uvicorn.run(
         create_app(settings), host=server.host, port=server.port, log_level=settings.log_level
     )

@@ -8,6 +8,7 @@ tests/test_config.py checks that file against this module.
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
@@ -116,9 +117,15 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        if settings_cls.model_config.get("toml_file"):
-            sources.append(TomlConfigSettingsSource(settings_cls))
+        toml_file = _TOML_FILE.get()
+        if toml_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
         return tuple(sources)
+
+
+# The file the Settings() being built reads; sources are made per class, so the path
+# travels in a context variable rather than through a subclass per file.
+_TOML_FILE: ContextVar[Path | None] = ContextVar("agentpark_toml_file", default=None)
 
 
 def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:
@@ -126,19 +133,19 @@ def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings
     path = config_path
     if path is None and os.environ.get(CONFIG_ENV):
         path = Path(os.environ[CONFIG_ENV])
-    if path is not None and not path.is_file():
+    if path is not None and not path.exists():
         raise ConfigError(f"config file {path} does not exist")
-    cls: type[Settings] = Settings
-    if path is not None:
-        # A subclass that reads this file; the result is still a Settings.
-        config = SettingsConfigDict(**{**Settings.model_config, "toml_file": path})
-        cls = type("Settings", (Settings,), {"model_config": config})
+    if path is not None and not path.is_file():
+        raise ConfigError(f"config file {path} is not a regular file")
+    token = _TOML_FILE.set(path)
     try:
-        return cls(**overrides)
+        return Settings(**overrides)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, path)) from None
-    except ValueError as exc:  # a TOML syntax error surfaces as ValueError
+    except (ValueError, OSError) as exc:  # TOML syntax errors surface as ValueError
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    finally:
+        _TOML_FILE.reset(token)
 
 
 def _describe(exc: ValidationError, path: Path | None) -> str:

@@ -71,6 +71,28 @@ class BlockAllocator:
                 owned[b] = None
             return blocks
 
+    def claim(self, owner: Hashable, blocks: Iterable[int]) -> None:
+        """Give ``owner`` exactly these free blocks (re-attaching state persisted elsewhere).
+
+        All or nothing: ValueError if any block is out of range or not free. O(free blocks),
+        meant for start-up, not the hot path.
+        """
+        wanted = list(blocks)
+        with self._lock:
+            taken = set(wanted)
+            if len(taken) != len(wanted):
+                raise ValueError(f"duplicate block ids in claim: {wanted}")
+            busy = [b for b in wanted if b in self._owner_of or not 0 <= b < self._total]
+            if busy:
+                raise ValueError(f"blocks not free to claim: {busy[:10]}")
+            self._free = deque(b for b in self._free if b not in taken)
+            owned = self._blocks_of.setdefault(owner, {})
+            for b in wanted:
+                self._owner_of[b] = owner
+                owned[b] = None
+            if not owned:
+                del self._blocks_of[owner]
+
     def free(self, owner: Hashable, blocks: Iterable[int]) -> None:
         """Return exactly ``blocks`` of ``owner`` to the free list.
 

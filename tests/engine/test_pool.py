@@ -138,3 +138,16 @@ def test_concurrent_allocate_free() -> None:
     assert errors == []
     alloc.check_invariants()
     assert alloc.num_free == 256
+
+
+def test_claim_takes_exactly_the_named_free_blocks() -> None:
+    alloc = BlockAllocator(8)
+    alloc.claim("a", [5, 2])
+    assert alloc.owned("a") == [5, 2] and alloc.num_free == 6
+    with pytest.raises(ValueError, match="not free"):
+        alloc.claim("b", [1, 2])
+    with pytest.raises(ValueError, match="not free"):
+        alloc.claim("b", [8])
+    assert alloc.owned("b") == [] and alloc.num_free == 6
+    assert 2 not in alloc.allocate("c", 6)
+    alloc.check_invariants()
