@@ -45,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     db_up = db_sub.add_parser("upgrade", help="apply alembic migrations up to head")
     db_up.set_defaults(run=_db_upgrade)
 
+    drain = sub.add_parser(
+        "drain", help="park every session of a running daemon into shm/disk, then stop it"
+    )
+    drain.add_argument("--url", help="daemon URL (default: from the config's server section)")
+    drain.set_defaults(run=_drain)
+
     status = sub.add_parser("status", help="print a running daemon's /v1/host as a table")
     status.add_argument("--url", help="daemon URL (default: from the config's server section)")
     status.set_defaults(run=_status)
@@ -96,9 +102,13 @@ def _serve(args: argparse.Namespace) -> int:
     )
     settings = settings.model_copy(update={"server": server})
     select_transfer(settings.dma.backend)  # refuse a backend this host cannot run, before binding
-    uvicorn.run(
-        create_app(settings), host=server.host, port=server.port, log_level=settings.log_level
-    )
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=server.host, port=server.port, log_level=settings.log_level)
+    # Leave room for the drain: uvicorn first waits this long for requests in flight.
+    config.timeout_graceful_shutdown = 10
+    daemon = uvicorn.Server(config)
+    app.state.request_shutdown = lambda: setattr(daemon, "should_exit", True)
+    daemon.run()
     return 0
 
 
@@ -118,6 +128,26 @@ def _status(args: argparse.Namespace) -> int:
     settings = _settings(args)
     url = args.url or f"http://{settings.server.host}:{settings.server.port}"
     return print_status(url)
+
+
+def _drain(args: argparse.Namespace) -> int:
+    import httpx
+
+    settings = _settings(args)
+    url = args.url or f"http://{settings.server.host}:{settings.server.port}"
+    timeout = settings.shutdown.deadline_s + 30
+    try:
+        response = httpx.post(f"{url.rstrip('/')}/v1/admin/drain", timeout=timeout)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        print(f"agentpark: drain of {url} failed: {exc}", file=sys.stderr)
+        return 1
+    summary = response.json()
+    print(
+        f"drained {url}: {summary['parked']} parked, {summary['moved']} moved to shm/disk, "
+        f"{summary['already_safe']} already safe, {summary['lost']} will be recomputed"
+    )
+    return 0 if summary["lost"] == 0 else 1
 
 
 def _bench_transfer(args: argparse.Namespace) -> int:

@@ -30,32 +30,47 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 
 from agentpark.dma.base import Transfer
+from agentpark.dma.tier_copy import copy_between_tiers
 from agentpark.engine.base import EngineAdapter
 from agentpark.engine.pool import PoolExhaustedError
 from agentpark.engine.sampling import sample
 from agentpark.errors import (
+    AgentparkError,
     InvalidRequestError,
     InvalidStateError,
     LimitExceededError,
+    NotReadyError,
     PoolFullError,
     SessionBusyError,
     SessionExistsError,
     SessionNotFoundError,
+    TierFullError,
     TransferError,
 )
+from agentpark.integrity import checksum
 from agentpark.store.models import EventRow, SessionRow
 from agentpark.store.repository import SessionStore
 from agentpark.tiers.base import HostTier
 
-__all__ = ["GenerateResult", "Parking", "PauseResult", "ResumeResult", "State"]
+__all__ = [
+    "GenerateResult",
+    "MoveResult",
+    "Parking",
+    "ParkingOptions",
+    "PauseResult",
+    "ResumeResult",
+    "State",
+]
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +119,24 @@ class GenerateResult:
 @dataclass(frozen=True)
 class PauseResult:
     row: SessionRow
-    pause_ms: float
+    pause_ms: float | None  # None: still in flight (wait=False)
 
 
 @dataclass(frozen=True)
 class ResumeResult:
     row: SessionRow
     restored_from: str
-    resume_ms: float
+    resume_ms: float | None  # None: still in flight (wait=False)
+
+
+@dataclass(frozen=True)
+class MoveResult:
+    row: SessionRow
+    from_tier: str
+    move_ms: float
+
+
+_R = TypeVar("_R")
 
 
 @dataclass
@@ -126,56 +151,99 @@ class Counters:
     tokens_generated: int = 0
 
 
+@dataclass(frozen=True)
+class ParkingOptions:
+    max_new_tokens: int = 512
+    checksum_tiers: frozenset[str] = frozenset({"shm", "disk"})
+    background_workers: int = 4
+
+
 class Parking:
-    """Owns the live sessions and drives the engine, the DMA core and the tier for them."""
+    """Owns the live sessions and drives the engine, the DMA core and the tiers for them."""
 
     def __init__(
         self,
         store: SessionStore,
         engine: EngineAdapter,
         transfer: Transfer,
-        dram: HostTier,
-        max_new_tokens: int,
+        tiers: Sequence[HostTier],
+        options: ParkingOptions | None = None,
     ) -> None:
         self.store = store
         self.engine = engine
         self.transfer = transfer
-        self.dram = dram
-        self.max_new_tokens = max_new_tokens
+        # In auto order: the first with room takes a pause (dram, then shm, then disk).
+        self.tiers: dict[str, HostTier] = {t.name: t for t in tiers}
+        self.options = options or ParkingOptions()
+        self.max_new_tokens = self.options.max_new_tokens
         self.counters = Counters()
+        self.draining = False
         # Called with every event after it is committed (metrics, policy); must not raise.
         self.listeners: list[Callable[[EventRow], None]] = []
         self._sessions: dict[tuple[str, str], _Live] = {}
         self._registry_lock = threading.Lock()
+        self._background = ThreadPoolExecutor(
+            self.options.background_workers, thread_name_prefix="agentpark-copy"
+        )
         self._reconcile()
+
+    def close(self) -> None:
+        """Wait for background copies (wait=false pauses and resumes) to finish."""
+        self._background.shutdown(wait=True)
 
     # ---- start-up -------------------------------------------------------------------
 
     def _reconcile(self) -> None:
-        """Re-attach sessions from SQLite; KV that lived in process memory is now LOST."""
+        """Re-attach sessions from SQLite.
+
+        KV in the pool or the dram tier died with the last process: those sessions become
+        LOST (recomputed on resume). Sessions parked in a persistent tier whose file was
+        re-attached keep their slots and stay PARKED.
+        """
         now = time.time()
         for row in self.store.live_rows():
             live = _Live(row, _decode_tokens(row.token_log), _decode_logits(row.next_logits))
-            in_pool = row.state in (State.ACTIVE, State.PAUSING, State.RESUMING, State.RECOMPUTING)
-            reason = None
-            if row.state == State.PARKED and row.tier == "dram":
-                reason = "daemon restarted: the dram tier is process memory"
-            elif in_pool and row.num_tokens > 0:
-                reason = "daemon restarted: the KV pool is process memory"
-            elif in_pool and row.state != State.ACTIVE:
-                row.state = State.ACTIVE  # no tokens, so no KV to lose
-                self.store.save(row)
+            reason = self._lost_reason_at_start(live)
             if reason is not None:
                 event = self._event(row, "lost", now, to_state=State.LOST, detail=reason)
-                event.reason = "restart"
-                event.from_state, event.from_tier = row.state, row.tier
-                row.state, row.tier, row.lost_reason = State.LOST, None, reason
-                row.kv_blocks = row.kv_bytes = 0
-                row.parked_handle = None
-                self._commit(row, event)
+                event.from_state, event.from_tier, event.reason = row.state, row.tier, "restart"
+                event.bytes = row.kv_bytes
+                self._mark_lost(live, reason)
+                self.store.save(row, event)
+            elif row.state not in (State.PARKED, State.LOST, State.ACTIVE):
+                row.state = State.ACTIVE  # no tokens, so no KV to lose
+                self.store.save(row)
             self._sessions[live.key] = live
         if self._sessions:
             log.info("re-attached %d sessions", len(self._sessions))
+
+    def _lost_reason_at_start(self, live: _Live) -> str | None:
+        row = live.row
+        if row.state == State.LOST:
+            return None
+        if row.state != State.PARKED:
+            if row.num_tokens == 0:
+                return None
+            return "daemon restarted: the KV pool is process memory"
+        tier = self.tiers.get(row.tier or "")
+        if tier is None:
+            return f"daemon restarted: the {row.tier} tier is not enabled"
+        if not tier.persistent:
+            return f"daemon restarted: the {row.tier} tier is process memory"
+        problem = getattr(tier, "attach_problem", None)
+        if problem:
+            return f"{tier.name} tier file refused at start: {problem}"
+        if not getattr(tier, "reattached", False):
+            return f"the {tier.name} tier file was gone at start (reboot or cleanup)"
+        slots = list((row.parked_handle or {}).get("slots", []))
+        if len(slots) != row.kv_blocks:
+            return f"parked copy index is inconsistent ({len(slots)} slots, {row.kv_blocks} blocks)"
+        try:
+            tier.claim(live.key, slots)
+        except ValueError as exc:
+            return f"cannot re-attach its {tier.name} slots: {exc}"
+        live.slots = slots
+        return None
 
     # ---- lookups --------------------------------------------------------------------
 
@@ -189,10 +257,14 @@ class Parking:
             raise SessionNotFoundError(session_id)
         return row
 
-    def page(
-        self, tenant: str, state: str | None, limit: int, after_seq: int
-    ) -> Sequence[SessionRow]:
-        return self.store.page(tenant, state, limit, after_seq)
+    def page(self, tenant: str, state: str | None, limit: int, after_seq: int) -> list[SessionRow]:
+        """A page from SQLite, with in-flight states (pausing, resuming) from memory."""
+        rows = self.store.page(tenant, state, limit, after_seq)
+        return [self._live_row(r) for r in rows]
+
+    def _live_row(self, row: SessionRow) -> SessionRow:
+        live = self._sessions.get((row.tenant, row.session_id))
+        return live.row if live is not None else row
 
     def events(self, tenant: str, session_id: str | None, limit: int) -> Sequence[EventRow]:
         return self.store.events(tenant, session_id, limit)
@@ -206,6 +278,7 @@ class Parking:
     def create(
         self, tenant: str, session_id: str | None, metadata: dict[str, Any] | None
     ) -> SessionRow:
+        self._refuse_if_draining()
         session_id = session_id or uuid.uuid4().hex
         if not SESSION_ID_RE.match(session_id):
             raise InvalidRequestError(
@@ -249,14 +322,51 @@ class Parking:
             event = self._event(row, "delete", now, to_state=State.DELETED)
             event.bytes = row.kv_bytes
             self._free_blocks(live)
-            self.dram.free(live.key)
-            live.slots = []
+            self._free_slots(live)
             row.state, row.tier, row.deleted_at = State.DELETED, None, now
             row.kv_blocks = row.kv_bytes = 0
             row.parked_handle = None
             self._commit(row, event)
             with self._registry_lock:
                 del self._sessions[live.key]
+
+    def adopt_kv(
+        self,
+        tenant: str,
+        session_id: str,
+        tokens: Sequence[int],
+        block_ids: Sequence[int],
+        next_logits: np.ndarray,
+    ) -> SessionRow:
+        """Give a new, empty session KV that was prefilled outside agentpark.
+
+        For engine adapters that prefill on their own and for benchmarks. ``block_ids``
+        must already be allocated to the session in ``engine.allocator``, number exactly
+        ``blocks_for(len(tokens))`` and hold the KV of ``tokens`` in order; ``next_logits``
+        are the logits after the last token.
+        """
+        live = self._live(tenant, session_id)
+        with self._operation(live, "adopt"):
+            row = live.row
+            if row.state != State.ACTIVE or live.tokens or live.block_table:
+                raise InvalidStateError("only a new, empty, active session can adopt KV")
+            if len(block_ids) != self.engine.blocks_for(len(tokens)):
+                raise InvalidRequestError(
+                    f"{len(tokens)} tokens need {self.engine.blocks_for(len(tokens))} blocks, "
+                    f"got {len(block_ids)}"
+                )
+            if sorted(self.engine.allocator.owned(live.key)) != sorted(block_ids):
+                raise InvalidRequestError("the blocks are not (all) allocated to this session")
+            live.tokens = list(tokens)
+            live.block_table = list(block_ids)
+            live.next_logits = np.asarray(next_logits, dtype=np.float32)
+            now = time.time()
+            self._sync_kv(live)
+            row.last_active_at = now
+            event = self._event(row, "adopt", now, to_state=State.ACTIVE)
+            event.bytes = row.kv_bytes
+            self._commit(row, event)
+            return row
 
     # ---- generate -------------------------------------------------------------------
 
@@ -270,6 +380,7 @@ class Parking:
         seed: int = 0,
     ) -> GenerateResult:
         """Append the prompt, decode ``max_new_tokens``; a parked session is resumed first."""
+        self._refuse_if_draining()
         live = self._live(tenant, session_id)
         self._check_generate(prompt_tokens, max_new_tokens, temperature)
         with self._operation(live, "generate"):
@@ -292,7 +403,8 @@ class Parking:
                 if row.state != State.ACTIVE:
                     restore_blocks = extra[: self.engine.blocks_for(len(live.tokens))]
                     extra = extra[len(restore_blocks) :]
-                    restored_from, resume_ms = self._bring_back(live, restore_blocks, "generate")
+                    result = self._bring_back(live, restore_blocks, "generate")
+                    restored_from, resume_ms = result.restored_from, result.resume_ms
                 live.block_table.extend(extra)
                 extra = []
                 new = self._decode(live, prompt_tokens, max_new_tokens, temperature, seed)
@@ -390,101 +502,227 @@ class Parking:
         tool: str | None = None,
         expected_resume_s: float | None = None,
         reason: str = "explicit",
+        wait: bool = True,
     ) -> PauseResult:
-        """Copy the session's blocks to a host tier, then free them in the pool."""
+        """Copy the session's blocks to a host tier, then free them in the pool.
+
+        The tier's slots are reserved before anything moves (507 when no tier has room);
+        with ``wait=False`` the copy runs in the background and the result says PAUSING.
+        """
+        if reason != "drain":
+            self._refuse_if_draining()
         live = self._live(tenant, session_id)
-        host_tier = self._tier(tier)
+        candidates = self._tier_candidates(tier)
         if expected_resume_s is not None and expected_resume_s < 0:
             raise InvalidRequestError("expected_resume_s must be >= 0")
-        with self._operation(live, "pause"):
+        self._acquire(live, "pause")
+        try:
             row = live.row
             if row.state in (State.PARKED, State.LOST):
+                self._release(live)
                 return PauseResult(row, 0.0)  # already off the pool
             if row.state != State.ACTIVE:
                 raise InvalidStateError(f"cannot pause in state {row.state}", state=row.state)
-            started = time.perf_counter()
-            blocks = list(live.block_table)
-            slots = host_tier.allocate(live.key, len(blocks))
+            dst, slots = self._reserve(live, candidates, len(live.block_table))
             row.state = State.PAUSING
-            try:
-                self.transfer.d2h(self.engine, blocks, host_tier, slots)
-            except Exception as exc:
-                host_tier.free(live.key)
-                row.state = State.ACTIVE
-                raise _as_transfer_error("pause", exc) from exc
-            self._free_blocks(live)
-            live.slots = slots
-            now = time.time()
-            elapsed_ms = (time.perf_counter() - started) * 1e3
-            nbytes = len(blocks) * self.engine.geometry.block_nbytes
-            event = self._event(row, "pause", now, from_state=State.ACTIVE, to_state=State.PARKED)
-            event.to_tier, event.bytes, event.duration_ms = host_tier.name, nbytes, elapsed_ms
-            event.reason = reason
-            event.detail = f"tool={tool}" if tool else None
-            row.state, row.tier, row.paused_at = State.PARKED, host_tier.name, now
-            row.pause_count += 1
-            row.tool = tool
-            row.expected_resume_at = None if expected_resume_s is None else now + expected_resume_s
-            row.parked_handle = {"slots": slots}
-            row.kv_blocks, row.kv_bytes = len(blocks), nbytes
-            self._commit(row, event)
-            self.counters.pauses += 1
-            self.counters.bytes_parked += nbytes
-            return PauseResult(row, elapsed_ms)
+        except BaseException:
+            self._release(live)
+            raise
+        job = partial(self._finish_pause, live, dst, slots, tool, expected_resume_s, reason)
+        return self._run(live, job, wait, PauseResult(row, None))
 
-    def _tier(self, name: str) -> HostTier:
+    def _finish_pause(
+        self,
+        live: _Live,
+        dst: HostTier,
+        slots: list[int],
+        tool: str | None,
+        expected_resume_s: float | None,
+        reason: str,
+    ) -> PauseResult:
+        row = live.row
+        started = time.perf_counter()
+        blocks = list(live.block_table)
+        try:
+            self.transfer.d2h(self.engine, blocks, dst, slots)
+            dst.flush()
+            digest = self._checksum(dst, slots)
+        except Exception as exc:
+            dst.free(live.key)
+            row.state = State.ACTIVE
+            self._record_failure(row, "pause_failed", exc, to_tier=dst.name)
+            raise _as_transfer_error("pause", exc) from exc
+        self._free_blocks(live)
+        live.slots = slots
+        now = time.time()
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        nbytes = len(blocks) * self.engine.geometry.block_nbytes
+        event = self._event(row, "pause", now, from_state=State.ACTIVE, to_state=State.PARKED)
+        event.to_tier, event.bytes, event.duration_ms = dst.name, nbytes, elapsed_ms
+        event.reason = reason
+        event.detail = f"tool={tool}" if tool else None
+        row.state, row.tier, row.paused_at = State.PARKED, dst.name, now
+        row.pause_count += 1
+        row.tool = tool
+        row.expected_resume_at = None if expected_resume_s is None else now + expected_resume_s
+        row.parked_handle = {"slots": slots}
+        row.checksum = digest
+        row.kv_blocks, row.kv_bytes = len(blocks), nbytes
+        self._commit(row, event)
+        self.counters.pauses += 1
+        self.counters.bytes_parked += nbytes
+        return PauseResult(row, elapsed_ms)
+
+    def _tier_candidates(self, name: str, persistent_only: bool = False) -> list[HostTier]:
+        """The tiers a pause may use, in order; 422 for an unknown or disabled tier."""
         if name not in TIER_NAMES:
             raise InvalidRequestError(f"unknown tier {name!r}; one of {', '.join(TIER_NAMES)}")
-        if name not in ("auto", self.dram.name):
+        enabled = [t for t in self.tiers.values() if not persistent_only or t.persistent]
+        if name == "auto":
+            return enabled
+        tier = self.tiers.get(name)
+        if tier is None:
+            names = ", ".join(["auto", *self.tiers])
             raise InvalidRequestError(
-                f"tier {name!r} is not enabled on this daemon; enabled: auto, {self.dram.name}",
-                tier=name,
+                f"tier {name!r} is not enabled on this daemon; enabled: {names}", tier=name
             )
-        return self.dram
+        return [tier]
+
+    def _reserve(
+        self, live: _Live, candidates: Sequence[HostTier], n: int
+    ) -> tuple[HostTier, list[int]]:
+        """Slots for ``n`` blocks in the first candidate with room, or one 507 naming all."""
+        failures: dict[str, Any] = {}
+        for tier in candidates:
+            try:
+                return tier, tier.allocate(live.key, n)
+            except TierFullError as exc:
+                failures[tier.name] = {
+                    "free_blocks": exc.details["free_blocks"],
+                    "capacity_blocks": exc.details["capacity_blocks"],
+                }
+        block = self.engine.geometry.block_nbytes
+        names = ", ".join(failures) or "none enabled"
+        raise TierFullError(
+            f"no tier has room for {n} blocks ({n * block} bytes): {names}",
+            needed_blocks=n,
+            tiers=failures,
+        )
+
+    def _checksum(self, tier: HostTier, slots: Sequence[int]) -> str | None:
+        if self.options.checksum_tiers and tier.name in self.options.checksum_tiers:
+            return checksum(tier, slots)
+        return None
+
+    # ---- move -----------------------------------------------------------------------
+
+    def move(self, tenant: str, session_id: str, tier: str, reason: str = "explicit") -> MoveResult:
+        """Move a parked session's copy to another tier (drain, demotion, operator)."""
+        if reason not in ("drain", "demote"):
+            self._refuse_if_draining()
+        live = self._live(tenant, session_id)
+        if tier == "auto":
+            raise InvalidRequestError("move needs a tier name, not auto")
+        (dst,) = self._tier_candidates(tier)
+        with self._operation(live, "move"):
+            return self._move_locked(live, [dst], reason)
+
+    def _move_locked(self, live: _Live, candidates: Sequence[HostTier], reason: str) -> MoveResult:
+        row = live.row
+        if row.state != State.PARKED:
+            raise InvalidStateError(
+                f"only a parked session can move; this one is {row.state}", state=row.state
+            )
+        src = self.tiers[row.tier or ""]
+        if src in candidates:
+            return MoveResult(row, src.name, 0.0)
+        started = time.perf_counter()
+        dst, slots = self._reserve(live, [t for t in candidates if t is not src], len(live.slots))
+        try:
+            copy_between_tiers(src, live.slots, dst, slots)
+            dst.flush()
+            digest = self._checksum(dst, slots)
+        except Exception as exc:
+            dst.free(live.key)
+            self._record_failure(row, "move_failed", exc, to_tier=dst.name)
+            raise _as_transfer_error("move", exc) from exc
+        if row.checksum and digest and digest != row.checksum:
+            # The copy we moved from was already damaged: do not keep a bad copy.
+            dst.free(live.key)
+            self._drop_corrupt(live, src.name)
+            raise TransferError(
+                f"the parked copy in {src.name} failed its checksum; the session is lost "
+                "and will be recomputed on resume"
+            )
+        src.free(live.key)
+        live.slots = slots
+        now = time.time()
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        event = self._event(row, "move", now, from_state=State.PARKED, to_state=State.PARKED)
+        event.from_tier, event.to_tier, event.reason = src.name, dst.name, reason
+        event.bytes, event.duration_ms = row.kv_bytes, elapsed_ms
+        row.tier, row.parked_handle = dst.name, {"slots": slots}
+        row.checksum = digest or row.checksum
+        self._commit(row, event)
+        return MoveResult(row, src.name, elapsed_ms)
 
     # ---- resume ---------------------------------------------------------------------
 
-    def resume(self, tenant: str, session_id: str, reason: str = "explicit") -> ResumeResult:
+    def resume(
+        self, tenant: str, session_id: str, reason: str = "explicit", wait: bool = True
+    ) -> ResumeResult:
         """Bring the session's KV back into the pool (copy, or recompute if it is gone)."""
+        self._refuse_if_draining()
         live = self._live(tenant, session_id)
-        with self._operation(live, "resume"):
+        self._acquire(live, "resume")
+        try:
             row = live.row
             if row.state == State.ACTIVE:
+                self._release(live)
                 return ResumeResult(row, "pool", 0.0)
             if row.state not in (State.PARKED, State.LOST):
                 raise InvalidStateError(f"cannot resume in state {row.state}", state=row.state)
             blocks = self._allocate(live, self.engine.blocks_for(len(live.tokens)))
-            restored_from, elapsed_ms = self._bring_back(live, blocks, reason)
-            return ResumeResult(row, restored_from, elapsed_ms)
+        except BaseException:
+            self._release(live)
+            raise
+        from_tier = row.tier or "recompute"
+        row.state = State.RESUMING if row.state == State.PARKED else State.RECOMPUTING
+        job = partial(self._bring_back, live, blocks, reason)
+        return self._run(live, job, wait, ResumeResult(row, from_tier, None))
 
-    def _bring_back(self, live: _Live, blocks: list[int], reason: str) -> tuple[str, float]:
+    def _bring_back(self, live: _Live, blocks: list[int], reason: str) -> ResumeResult:
         """Restore a PARKED or LOST session into ``blocks`` (already allocated to it)."""
         row = live.row
         started = time.perf_counter()
-        from_state, from_tier = row.state, row.tier
+        parked = row.tier is not None
+        from_state = State.PARKED if parked else State.LOST
+        from_tier = row.tier
+        row.state = State.RESUMING if parked else State.RECOMPUTING
         try:
-            if row.state == State.PARKED:
-                row.state = State.RESUMING
-                self.transfer.h2d(self.dram, live.slots, self.engine, blocks)
-                restored_from = row.tier or self.dram.name
-            else:
+            if parked and not self._verify(live):
+                parked = False  # the copy is damaged: recompute instead, and say why
                 row.state = State.RECOMPUTING
+            if parked:
+                self.transfer.h2d(self.tiers[from_tier or ""], live.slots, self.engine, blocks)
+                restored_from = from_tier or ""
+            else:
                 if live.tokens:
                     live.next_logits = self.engine.extend(blocks, 0, live.tokens)
                 restored_from = "recompute"
         except Exception as exc:
-            row.state = from_state
             self.engine.allocator.free(live.key, blocks)
+            row.state = State.PARKED if row.tier is not None else State.LOST
+            self._record_failure(row, "restore_failed", exc, from_tier=from_tier)
             raise _as_transfer_error("resume", exc) from exc
         if restored_from != "recompute":
-            self.dram.free(live.key)
-            live.slots = []
+            self._free_slots(live)
         live.block_table = blocks
         now = time.time()
         elapsed_ms = (time.perf_counter() - started) * 1e3
         kind = "recompute" if restored_from == "recompute" else "resume"
         event = self._event(row, kind, now, from_state=from_state, to_state=State.ACTIVE)
-        event.from_tier, event.duration_ms, event.reason = from_tier, elapsed_ms, reason
+        event.from_tier, event.duration_ms, event.reason = row.tier, elapsed_ms, reason
         event.bytes = len(blocks) * self.engine.geometry.block_nbytes
         if restored_from == "recompute":
             event.detail = row.lost_reason
@@ -492,11 +730,101 @@ class Parking:
         else:
             self.counters.resumes += 1
             self.counters.bytes_restored += event.bytes
+        del from_tier
         row.state, row.tier, row.parked_handle, row.lost_reason = State.ACTIVE, None, None, None
+        row.checksum = None
         row.last_active_at = now
         self._sync_kv(live)
         self._commit(row, event)
-        return restored_from, elapsed_ms
+        return ResumeResult(row, restored_from, elapsed_ms)
+
+    def _verify(self, live: _Live) -> bool:
+        """Check the parked copy against its checksum; a mismatch marks the session LOST."""
+        row = live.row
+        tier = self.tiers[row.tier or ""]
+        if row.checksum is None or tier.name not in self.options.checksum_tiers:
+            return True
+        if checksum(tier, live.slots) == row.checksum:
+            return True
+        self._drop_corrupt(live, tier.name)
+        return False
+
+    def _drop_corrupt(self, live: _Live, tier_name: str) -> None:
+        row = live.row
+        reason = f"checksum mismatch in the {tier_name} tier: parked copy is damaged"
+        log.error("session %s/%s: %s; recomputing", row.tenant, row.session_id, reason)
+        event = self._event(row, "corrupt", time.time(), from_state=row.state)
+        event.to_state, event.from_tier, event.reason = State.LOST, tier_name, "checksum"
+        event.bytes, event.detail = row.kv_bytes, reason
+        self._free_slots(live)
+        self._mark_lost(live, reason)
+        self._commit(row, event)
+
+    # ---- drain ----------------------------------------------------------------------
+
+    def drain(self, deadline_s: float) -> dict[str, int]:
+        """Park every session into a persistent tier (shm, then disk) within the deadline.
+
+        New work is refused from the first moment. Sessions that cannot be made safe in
+        time, or find no room, are recorded as LOST so the next start recomputes them.
+        """
+        self.draining = True
+        deadline = time.monotonic() + deadline_s
+        persistent = self._tier_candidates("auto", persistent_only=True)
+        summary = {"parked": 0, "moved": 0, "already_safe": 0, "lost": 0}
+        with self._registry_lock:
+            sessions = sorted(
+                self._sessions.values(), key=lambda lv: lv.row.last_active_at, reverse=True
+            )
+        for live in sessions:
+            outcome = self._drain_one(live, persistent, deadline)
+            summary[outcome] += 1
+        log.info("drain: %s", summary)
+        return summary
+
+    def _drain_one(self, live: _Live, persistent: list[HostTier], deadline: float) -> str:
+        remaining = deadline - time.monotonic()
+        if not live.lock.acquire(timeout=max(remaining, 0.0)):
+            return self._lose_at_drain(live, "drain deadline passed while it was busy")
+        live.operation = "drain"
+        row = live.row
+        try:
+            if row.state == State.LOST or (row.state == State.ACTIVE and not live.block_table):
+                return "already_safe"
+            if row.state == State.PARKED and self.tiers[row.tier or ""].persistent:
+                return "already_safe"
+            if time.monotonic() > deadline:
+                return self._lose_at_drain(live, "drain deadline passed", locked=True)
+            if not persistent:
+                return self._lose_at_drain(live, "no persistent tier to drain into", True)
+            try:
+                if row.state == State.PARKED:
+                    self._move_locked(live, persistent, "drain")
+                    return "moved"
+                dst, slots = self._reserve(live, persistent, len(live.block_table))
+                row.state = State.PAUSING
+                self._finish_pause(live, dst, slots, row.tool, None, "drain")
+                return "parked"
+            except AgentparkError as exc:
+                return self._lose_at_drain(live, f"drain could not park it: {exc.message}", True)
+        finally:
+            live.operation = None
+            live.lock.release()
+
+    def _lose_at_drain(self, live: _Live, reason: str, locked: bool = False) -> str:
+        """Record that this session will need a recompute after the restart."""
+        row = live.row
+        if row.state == State.LOST:
+            return "lost"
+        event = self._event(row, "lost", time.time(), from_state=row.state, to_state=State.LOST)
+        event.from_tier, event.reason, event.detail = row.tier, "drain", reason
+        event.bytes = row.kv_bytes
+        if locked:
+            self._free_blocks(live)
+            self._free_slots(live)
+        self._mark_lost(live, reason)
+        self._commit(row, event)
+        return "lost"
 
     # ---- host view ------------------------------------------------------------------
 
@@ -524,14 +852,17 @@ class Parking:
             },
             "reclaimed_bytes": parked_bytes,
             "tiers": {
-                self.dram.name: {
-                    "capacity_blocks": self.dram.capacity_blocks,
-                    "used_blocks": self.dram.used_blocks,
-                    "capacity_bytes": self.dram.capacity_blocks * block,
-                    "used_bytes": self.dram.used_blocks * block,
+                name: {
+                    "persistent": tier.persistent,
+                    "capacity_blocks": tier.capacity_blocks,
+                    "used_blocks": tier.used_blocks,
+                    "capacity_bytes": tier.capacity_blocks * block,
+                    "used_bytes": tier.used_blocks * block,
                 }
+                for name, tier in self.tiers.items()
             },
             "sessions": by_state,
+            "draining": self.draining,
             "counters": vars(self.counters).copy(),
         }
 
@@ -544,20 +875,82 @@ class Parking:
             raise InvalidStateError(f"session {session_id!r} is {row.state}", state=row.state)
         return live
 
-    @contextmanager
-    def _operation(self, live: _Live, name: str) -> Iterator[None]:
+    def _acquire(self, live: _Live, name: str) -> None:
+        """Take the session for one operation, or refuse: operations never queue."""
         if not live.lock.acquire(blocking=False):
             raise SessionBusyError(live.row.session_id, name, live.operation or "operation")
         live.operation = name
+        if live.row.state == State.DELETED:
+            self._release(live)
+            raise InvalidStateError(
+                f"session {live.row.session_id!r} is deleted", state=State.DELETED
+            )
+
+    def _release(self, live: _Live) -> None:
+        live.operation = None
+        live.lock.release()
+
+    @contextmanager
+    def _operation(self, live: _Live, name: str) -> Iterator[None]:
+        self._acquire(live, name)
         try:
-            if live.row.state == State.DELETED:
-                raise InvalidStateError(
-                    f"session {live.row.session_id!r} is deleted", state=State.DELETED
-                )
             yield
         finally:
-            live.operation = None
-            live.lock.release()
+            self._release(live)
+
+    def _run(self, live: _Live, job: Callable[[], _R], wait: bool, pending: _R) -> _R:
+        """Run an operation whose session is already taken; release it when done.
+
+        ``wait=False`` hands the copy to a worker and returns ``pending`` at once; the
+        session shows PAUSING/RESUMING until the worker finishes (or fails and says so in
+        an event).
+        """
+        if wait:
+            try:
+                return job()
+            finally:
+                self._release(live)
+
+        def in_background() -> None:
+            try:
+                job()
+            except Exception:
+                log.exception("background %s of %s failed", live.operation, live.key)
+            finally:
+                self._release(live)
+
+        self._background.submit(in_background)
+        return pending
+
+    def _refuse_if_draining(self) -> None:
+        if self.draining:
+            raise NotReadyError("the daemon is draining for shutdown; retry on the next start")
+
+    def _mark_lost(self, live: _Live, reason: str) -> None:
+        row = live.row
+        row.state, row.tier, row.lost_reason = State.LOST, None, reason
+        row.kv_blocks = row.kv_bytes = 0
+        row.parked_handle, row.checksum = None, None
+
+    def _free_slots(self, live: _Live) -> None:
+        tier = self.tiers.get(live.row.tier or "")
+        if tier is not None:
+            tier.free(live.key)
+        live.slots = []
+
+    def _record_failure(
+        self,
+        row: SessionRow,
+        kind: str,
+        exc: Exception,
+        from_tier: str | None = None,
+        to_tier: str | None = None,
+    ) -> None:
+        log.error("%s for %s/%s: %s", kind, row.tenant, row.session_id, exc)
+        event = self._event(row, kind, time.time(), to_state=row.state)
+        event.from_tier, event.to_tier = from_tier, to_tier
+        event.detail = f"{type(exc).__name__}: {exc}"[:1024]
+        self._commit(row, event)
 
     def _allocate(self, live: _Live, n: int) -> list[int]:
         if n <= 0:
@@ -643,7 +1036,15 @@ class Parking:
                 assert len(live.block_table) == self.engine.blocks_for(len(live.tokens))
             if live.row.state == State.PARKED:
                 assert not live.block_table and len(live.slots) == live.row.kv_blocks
+            else:
+                assert not live.slots, f"{live.key}: slots held while {live.row.state}"
         assert len(seen) == self.engine.allocator.num_used, "blocks used by no session"
+        parked = {n: 0 for n in self.tiers}
+        for live in self._sessions.values():
+            if live.row.state == State.PARKED:
+                parked[live.row.tier or ""] += len(live.slots)
+        for name, tier in self.tiers.items():
+            assert tier.used_blocks == parked[name], f"{name}: slots used by no session"
 
 
 def _decode_tokens(blob: bytes) -> list[int]:

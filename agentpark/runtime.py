@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from dataclasses import dataclass, field
 
 from agentpark.config import Settings
 from agentpark.dma import select_transfer
+from agentpark.engine.base import PoolGeometry
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
-from agentpark.parking import Parking
+from agentpark.history import HostSampler
+from agentpark.metrics import Metrics
+from agentpark.parking import Parking, ParkingOptions
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
+from agentpark.store.samples import SampleStore
+from agentpark.tiers.base import HostTier
+from agentpark.tiers.disk import DiskTier
 from agentpark.tiers.dram import DramTier
+from agentpark.tiers.shm import ShmTier, default_shm_path
 
 __all__ = ["Runtime"]
 
@@ -26,39 +34,89 @@ class Runtime:
     store: SessionStore
     engine: ReferenceEngine
     parking: Parking
+    metrics: Metrics
+    sampler: HostSampler
     ready: threading.Event = field(default_factory=threading.Event)
+    drained: bool = False
 
     @classmethod
     def start(cls, settings: Settings) -> Runtime:
         """Migrate the database, build every part, re-attach sessions from SQLite."""
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         upgrade(settings.database_url)
-        store = SessionStore(*open_database(settings.database_url))
+        db_engine, db_sessions = open_database(settings.database_url)
+        store = SessionStore(db_engine, db_sessions)
         engine = ReferenceEngine(
             ModelSpec(**settings.model.model_dump()), PoolSpec(**settings.pool.model_dump())
         )
         transfer = select_transfer(settings.dma.backend)
-        dram = DramTier(engine.geometry, int(settings.tiers.dram.capacity))
-        parking = Parking(store, engine, transfer, dram, settings.limits.max_new_tokens)
+        tiers = build_tiers(settings, engine.geometry, engine.model_uid)
+        options = ParkingOptions(
+            max_new_tokens=settings.limits.max_new_tokens,
+            checksum_tiers=frozenset(settings.integrity.tiers)
+            if settings.integrity.checksum != "none"
+            else frozenset(),
+        )
+        parking = Parking(store, engine, transfer, tiers, options)
         log.info(
-            "pool: %d blocks of %d bytes (%d tokens each); dram tier: %d blocks; dma: %s",
+            "pool: %d blocks of %d bytes (%d tokens each); tiers: %s; dma: %s",
             engine.geometry.num_blocks,
             engine.geometry.block_nbytes,
             engine.geometry.block_size,
-            dram.capacity_blocks,
+            ", ".join(f"{t.name}={t.capacity_blocks} blocks" for t in tiers) or "none",
             transfer.name,
         )
-        return cls(settings, store, engine, parking)
+        ready = threading.Event()
+        metrics = Metrics(parking, host_label(settings), ready.is_set, engine.model_uid)
+        parking.listeners.append(metrics.observe)
+        sampler = HostSampler(parking.host, SampleStore(db_engine, db_sessions), settings.dashboard)
+        return cls(settings, store, engine, parking, metrics, sampler, ready)
 
     def warm_up(self) -> None:
-        """Compile the engine's common shapes, then report ready (/readyz)."""
+        """Compile the engine's and the restore path's shapes, then report ready (/readyz)."""
         try:
             self.engine.warmup()
+            warmup = getattr(self.parking.transfer, "warmup", None)
+            tiers = list(self.parking.tiers.values())
+            if warmup is not None and tiers:
+                warmup(self.engine, max(tiers, key=lambda t: t.capacity_blocks))
         except Exception:
             log.exception("engine warm-up failed; the daemon stays not ready")
             return
         self.ready.set()
         log.info("engine warm; ready")
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
+        """Finish background copies, drain to persistent tiers if configured, close."""
+        self.parking.close()
+        if self.settings.shutdown.drain and not self.drained:
+            self.drain()
+        for tier in self.parking.tiers.values():
+            tier.close()
         self.store.close()
+
+    def drain(self) -> dict[str, int]:
+        """Park every session into shm/disk within the configured deadline (idempotent)."""
+        summary = self.parking.drain(self.settings.shutdown.deadline_s)
+        self.drained = True
+        return summary
+
+
+def host_label(settings: Settings) -> str:
+    """The ``host`` label of this daemon's metrics and history (default: the hostname)."""
+    return settings.dashboard.host_label or socket.gethostname()
+
+
+def build_tiers(settings: Settings, geometry: PoolGeometry, model_uid: str) -> list[HostTier]:
+    """The enabled tiers, in the order a pause with tier=auto tries them."""
+    cfg = settings.tiers
+    tiers: list[HostTier] = []
+    if cfg.dram.capacity:
+        tiers.append(DramTier(geometry, int(cfg.dram.capacity)))
+    if cfg.shm.capacity:
+        path = cfg.shm.path or default_shm_path(settings.server.port)
+        tiers.append(ShmTier(path, geometry, int(cfg.shm.capacity), model_uid))
+    if cfg.disk.capacity:
+        path = cfg.disk.path or settings.state_dir / "disk-tier.bin"
+        tiers.append(DiskTier(path, geometry, int(cfg.disk.capacity), model_uid))
+    return tiers

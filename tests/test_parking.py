@@ -18,10 +18,13 @@ from agentpark.tiers.base import HostTier
 @pytest.fixture
 def runtime(make_settings: Callable[..., Settings]) -> Iterator[Runtime]:
     runtime = Runtime.start(
-        make_settings(pool={"num_blocks": 24}, tiers={"dram": {"capacity": 16 * 4096}})
+        make_settings(
+            pool={"num_blocks": 24},
+            tiers={"dram": {"capacity": 12 * 4096}, "shm": {"capacity": 10 * 4096}},
+        )
     )
     yield runtime
-    runtime.close()
+    runtime.shutdown()
 
 
 def test_accounting_invariant_holds_after_every_step_of_a_random_workload(
@@ -32,7 +35,7 @@ def test_accounting_invariant_holds_after_every_step_of_a_random_workload(
     ids: list[str] = []
     outcomes: dict[str, int] = {}
     for step in range(300):
-        op = rng.choice(["create", "generate", "generate", "pause", "resume", "delete"])
+        op = rng.choice(["create", "generate", "generate", "pause", "resume", "delete", "move"])
         if op == "create" or not ids:
             sid = f"s{step}"
             parking.create("t", sid, None)
@@ -45,7 +48,9 @@ def test_accounting_invariant_holds_after_every_step_of_a_random_workload(
                 prompt = [rng.randrange(256) for _ in range(rng.randrange(0, 20))] or [1]
                 parking.generate("t", sid, prompt, rng.randrange(1, 24))
             elif op == "pause":
-                parking.pause("t", sid)
+                parking.pause("t", sid, tier=rng.choice(["auto", "dram", "shm"]))
+            elif op == "move":
+                parking.move("t", sid, rng.choice(["dram", "shm"]))
             elif op == "resume":
                 parking.resume("t", sid)
             elif op == "delete":
@@ -58,10 +63,12 @@ def test_accounting_invariant_holds_after_every_step_of_a_random_workload(
         parking.check_invariants()
         alloc = runtime.engine.allocator
         assert alloc.num_free + alloc.num_used == alloc.total
-        dram_used = sum(r.kv_blocks for r in parking.live_sessions() if r.state == "parked")
-        assert runtime.parking.dram.used_blocks == dram_used
+        for name, tier in parking.tiers.items():
+            held = [r.kv_blocks for r in parking.live_sessions() if r.tier == name]
+            assert tier.used_blocks == sum(held), name
     # the workload really exercised the full-pool and full-tier paths, not just the happy one
     assert outcomes.get("pause:ok", 0) > 10 and outcomes.get("resume:ok", 0) > 5
+    assert outcomes.get("move:ok", 0) > 3
     assert any(k.endswith(("pool_full", "tier_full")) for k in outcomes), outcomes
 
 
@@ -101,7 +108,7 @@ def test_failed_pause_keeps_the_session_active_and_frees_the_tier(runtime: Runti
         parking.pause("t", "s")
     assert parking.get("t", "s").state == "active"
     assert runtime.engine.allocator.owned(("t", "s")) == blocks
-    assert parking.dram.used_blocks == 0
+    assert parking.tiers["dram"].used_blocks == 0
     parking.check_invariants()
 
 
@@ -116,7 +123,7 @@ def test_failed_restore_keeps_the_parked_copy(runtime: Runtime) -> None:
     row = parking.get("t", "s")
     assert row.state == "parked" and row.tier == "dram"
     assert runtime.engine.allocator.num_used == used
-    assert parking.dram.used_blocks == row.kv_blocks > 0
+    assert parking.tiers["dram"].used_blocks == row.kv_blocks > 0
     parking.transfer = parking.transfer.inner  # type: ignore[attr-defined]
     assert parking.resume("t", "s").restored_from == "dram"
     parking.check_invariants()

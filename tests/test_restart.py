@@ -11,7 +11,8 @@ from tests.conftest import Daemon
 def test_restart_marks_in_memory_kv_lost_and_recompute_matches_a_fresh_prefill(
     make_settings: Callable[..., Settings], daemon_factory: Callable[[Settings], Daemon]
 ) -> None:
-    settings = make_settings()
+    # No drain at stop: this is what a crash leaves (tests/test_tiers_e2e.py covers drain).
+    settings = make_settings(shutdown={"drain": False})
     first = daemon_factory(settings)
     c = first.client
     history: dict[str, list[int]] = {}

@@ -11,10 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from agentpark.store.models import EventRow, SessionRow
 
 __all__ = [
+    "DrainResponse",
     "EventOut",
     "EventPage",
     "GenerateRequest",
     "GenerateResponse",
+    "MoveRequest",
+    "MoveResponse",
     "PauseRequest",
     "PauseResponse",
     "ResumeResponse",
@@ -122,19 +125,39 @@ class GenerateResponse(BaseModel):
         return base64.b64encode(logits.astype("<f4").tobytes()).decode()
 
 
+class MoveRequest(_Request):
+    tier: Literal["dram", "shm", "disk"]
+
+
 class PauseResponse(BaseModel):
     session_id: str
-    state: str
+    state: str = Field(description="parked; pausing while a wait=false copy is in flight")
     tier: str | None
     kv_bytes: int
-    pause_ms: float
+    pause_ms: float | None = Field(description="null while in flight (wait=false)")
 
 
 class ResumeResponse(BaseModel):
     session_id: str
+    state: str = Field(description="active; resuming/recomputing while in flight")
+    restored_from: str = Field(description="pool (was active), dram, shm, disk, or recompute")
+    resume_ms: float | None = Field(description="null while in flight (wait=false)")
+
+
+class MoveResponse(BaseModel):
+    session_id: str
     state: str
-    restored_from: str = Field(description="pool (was active), dram, or recompute")
-    resume_ms: float
+    from_tier: str
+    tier: str | None
+    kv_bytes: int
+    move_ms: float
+
+
+class DrainResponse(BaseModel):
+    parked: int = Field(description="active sessions parked into shm/disk")
+    moved: int = Field(description="dram-parked sessions moved into shm/disk")
+    already_safe: int
+    lost: int = Field(description="recorded as needing recompute (deadline or no room)")
 
 
 class EventOut(BaseModel):

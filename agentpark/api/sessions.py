@@ -10,6 +10,8 @@ from agentpark.api.deps import ParkingDep, ReadyParkingDep, TenantDep
 from agentpark.api.schemas import (
     GenerateRequest,
     GenerateResponse,
+    MoveRequest,
+    MoveResponse,
     PauseRequest,
     PauseResponse,
     ResumeResponse,
@@ -86,15 +88,27 @@ def generate_tokens(
     )
 
 
-@router.post("/{session_id}/pause")
+WaitQuery = Annotated[
+    bool,
+    Query(description="false: answer 202 as soon as the copy has started; GET shows the end"),
+]
+
+
+@router.post("/{session_id}/pause", responses={202: {"model": PauseResponse}})
 def pause_session(
     parking: ReadyParkingDep,
     tenant: TenantDep,
     session_id: str,
+    response: Response,
     body: Annotated[PauseRequest | None, Body()] = None,
+    wait: WaitQuery = True,
 ) -> PauseResponse:
     body = body or PauseRequest()
-    result = parking.pause(tenant, session_id, body.tier, body.tool, body.expected_resume_s)
+    result = parking.pause(
+        tenant, session_id, body.tier, body.tool, body.expected_resume_s, wait=wait
+    )
+    if result.pause_ms is None:
+        response.status_code = status.HTTP_202_ACCEPTED
     row = result.row
     return PauseResponse(
         session_id=session_id,
@@ -105,12 +119,36 @@ def pause_session(
     )
 
 
-@router.post("/{session_id}/resume")
-def resume_session(parking: ReadyParkingDep, tenant: TenantDep, session_id: str) -> ResumeResponse:
-    result = parking.resume(tenant, session_id)
+@router.post("/{session_id}/resume", responses={202: {"model": ResumeResponse}})
+def resume_session(
+    parking: ReadyParkingDep,
+    tenant: TenantDep,
+    session_id: str,
+    response: Response,
+    wait: WaitQuery = True,
+) -> ResumeResponse:
+    result = parking.resume(tenant, session_id, wait=wait)
+    if result.resume_ms is None:
+        response.status_code = status.HTTP_202_ACCEPTED
     return ResumeResponse(
         session_id=session_id,
         state=result.row.state,
         restored_from=result.restored_from,
         resume_ms=result.resume_ms,
+    )
+
+
+@router.post("/{session_id}/move")
+def move_session(
+    parking: ReadyParkingDep, tenant: TenantDep, session_id: str, body: MoveRequest
+) -> MoveResponse:
+    """Move a parked session's copy to another tier; it stays parked."""
+    result = parking.move(tenant, session_id, body.tier)
+    return MoveResponse(
+        session_id=session_id,
+        state=result.row.state,
+        from_tier=result.from_tier,
+        tier=result.row.tier,
+        kv_bytes=result.row.kv_bytes,
+        move_ms=result.move_ms,
     )

@@ -1,24 +1,146 @@
-"""The DMA core: backends that move KV blocks between the engine's pool and host tiers."""
+"""The DMA core: backends that move KV blocks between the engine's pool and host tiers.
+
+=============  ==================================================  =========================
+backend        how                                                 where
+=============  ==================================================  =========================
+host_copy      memcpy-class gather/scatter on host memory          CPU platform (auto there)
+jax_memkind    ``jax.device_put`` device <-> pinned_host           GPU/TPU (auto there); CPU
+tpu_sync       Google's TPU Sync KVCacheManager d2h/h2d            TPU, ``agentpark[tpu]``
+=============  ==================================================  =========================
+
+:func:`select_transfer` turns the ``dma.backend`` setting into a backend at start and refuses,
+with a ConfigError naming the key, the choice and why, one that cannot work here.
+:func:`bytes_in_tier` says whether a backend keeps the parked bytes in the tier's numpy
+buffers (tpu_sync does not: they live in TPU Sync's own host memory).
+"""
 
 from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
 
 import jax
 
 from agentpark.dma.base import Transfer, contiguous_runs
 from agentpark.dma.host_copy import HostCopyTransfer
-from agentpark.errors import ConfigError
+from agentpark.dma.jax_memkind import JaxMemkindTransfer
+from agentpark.dma.tpu_sync import INSTALL_HINT, SHM_ENV, TpuSyncTransfer
+from agentpark.engine.base import EngineAdapter
+from agentpark.errors import ConfigError, TransferError
 
-__all__ = ["HostCopyTransfer", "Transfer", "contiguous_runs", "select_transfer"]
+__all__ = [
+    "BACKENDS",
+    "HostCopyTransfer",
+    "JaxMemkindTransfer",
+    "TpuSyncTransfer",
+    "Transfer",
+    "bytes_in_tier",
+    "contiguous_runs",
+    "select_transfer",
+]
+
+BACKENDS = ("auto", "host_copy", "jax_memkind", "tpu_sync")
+"""The values ``dma.backend`` accepts."""
+
+_MEMORY_KINDS = ("device", "pinned_host")
 
 
-def select_transfer(backend: str) -> Transfer:
-    """``auto`` picks host_copy on the CPU platform, where the pool lives in host memory."""
+def bytes_in_tier(transfer: Transfer) -> bool:
+    """True when parked bytes sit in the tier's buffers (row-major, the pool's layout).
+
+    False for tpu_sync: the tier is then slot bookkeeping only, and its bytes can be neither
+    read, checksummed nor moved to another tier by agentpark.
+    """
+    return bool(getattr(transfer, "bytes_in_tier", True))
+
+
+def select_transfer(
+    backend: str,
+    *,
+    engine: EngineAdapter | None = None,
+    host_blocks: int | None = None,
+) -> Transfer:
+    """The backend ``dma.backend`` names, checked against this platform and installation.
+
+    ``auto`` picks host_copy on the CPU platform (the pool lives in host memory) and
+    jax_memkind on a GPU or TPU. ``tpu_sync`` also needs ``engine`` and ``host_blocks`` (the
+    capacity in blocks of the one tier whose bytes TPU Sync will hold); its KVCacheManager is
+    built here, so a TPU Sync that cannot start stops the daemon at start.
+    """
     platform = jax.default_backend()
-    if backend in ("auto", "host_copy"):
+    if backend == "auto":
+        backend = "host_copy" if platform == "cpu" else "jax_memkind"
+        label = f"'auto' (which picks {backend!r} on JAX platform {platform!r})"
+    else:
+        label = repr(backend)
+    if backend == "host_copy":
         if platform != "cpu":
-            raise ConfigError(
-                f"dma.backend={backend!r}: host_copy needs the pool in host memory, but JAX's "
-                f"platform is {platform!r}; accelerator backends are not available yet"
+            raise _refuse(
+                label,
+                f"host_copy needs the pool in host memory, but JAX's platform is {platform!r}; "
+                "use 'jax_memkind' (or 'tpu_sync' on TPU hosts)",
             )
         return HostCopyTransfer()
-    raise ConfigError(f"dma.backend={backend!r} is not supported (allowed: auto, host_copy)")
+    if backend == "jax_memkind":
+        missing = [kind for kind in _MEMORY_KINDS if kind not in _memory_kinds()]
+        if missing:
+            raise _refuse(
+                label,
+                f"JAX's {platform!r} device has no {' or '.join(map(repr, missing))} memory "
+                f"kind (it has {sorted(_memory_kinds())})",
+            )
+        return JaxMemkindTransfer()
+    if backend == "tpu_sync":
+        problems = _tpu_sync_problems(platform)
+        if problems:
+            raise _refuse(label, "; ".join(problems))
+        if engine is None or host_blocks is None:
+            raise ValueError("select_transfer('tpu_sync') needs engine= and host_blocks=")
+        transfer = TpuSyncTransfer(engine, host_blocks)
+        try:
+            transfer.start()
+        except TransferError as exc:
+            raise _refuse(label, exc.message) from exc
+        return transfer
+    allowed = ", ".join(BACKENDS)
+    raise ConfigError(f"dma.backend = {backend!r} is not supported (allowed: {allowed})")
+
+
+def _refuse(label: str, why: str) -> ConfigError:
+    return ConfigError(f"dma.backend = {label} cannot be used here: {why}")
+
+
+def _memory_kinds() -> set[str]:
+    """Memory kinds of JAX's first device (device, pinned_host, unpinned_host on CPU)."""
+    return {memory.kind for memory in jax.devices()[0].addressable_memories()}
+
+
+def _tpu_sync_problems(platform: str) -> list[str]:
+    """Why tpu_sync cannot run here (empty when it can)."""
+    problems: list[str] = []
+    missing = _tpu_sync_install_problem()
+    if missing:
+        problems.append(missing)
+    if platform != "tpu":
+        problems.append(f"JAX's platform is {platform!r}, and TPU Sync needs a TPU")
+    if os.environ.get(SHM_ENV):
+        problems.append(
+            f"{SHM_ENV} is set: TPU Sync would keep parked KV in world-writable /dev/shm "
+            "segments; unset it"
+        )
+    return problems
+
+
+def _tpu_sync_install_problem() -> str | None:
+    """None when TPU Sync's JAX API imports; else why not. Imports tpu_sync only if present."""
+    if importlib.util.find_spec("tpu_sync") is None:
+        version = ".".join(map(str, sys.version_info[:2]))
+        old = f"; this is Python {version}" if sys.version_info < (3, 12) else ""
+        return f"the tpu_sync package is not installed: {INSTALL_HINT}{old}"
+    try:
+        importlib.import_module("tpu_sync.api.jax.kv_cache_manager")
+    except Exception as exc:
+        return f"the tpu_sync package does not import ({exc}): {INSTALL_HINT}"
+    return None

@@ -24,6 +24,7 @@ class HostTier(Protocol):
 
     name: str
     geometry: PoolGeometry
+    persistent: bool  # survives a daemon restart (shm, disk)
 
     @property
     def capacity_blocks(self) -> int: ...
@@ -37,11 +38,18 @@ class HostTier(Protocol):
 
     def free(self, owner: Hashable) -> list[int]: ...
 
+    def claim(self, owner: Hashable, slots: list[int]) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
 
 class SlotTier:
     """Slot bookkeeping shared by every tier: a free list over ``capacity_blocks`` slots."""
 
     name = "tier"
+    persistent = False
 
     def __init__(self, geometry: PoolGeometry, capacity_blocks: int) -> None:
         self.geometry = geometry
@@ -87,6 +95,19 @@ class SlotTier:
     def free(self, owner: Hashable) -> list[int]:
         """Release every slot ``owner`` holds."""
         return self._slots.free_all(owner) if self._slots else []
+
+    def claim(self, owner: Hashable, slots: list[int]) -> None:
+        """Re-attach slots recorded in SQLite to their session (start-up only)."""
+        if slots and self._slots is None:
+            raise ValueError(f"{self.name} tier has no slots to claim")
+        if self._slots is not None:
+            self._slots.claim(owner, slots)
+
+    def flush(self) -> None:
+        """Make copies durable; only the disk tier has anything to do."""
+
+    def close(self) -> None:
+        """Release the tier's memory or file."""
 
     def check_invariants(self) -> None:
         if self._slots:

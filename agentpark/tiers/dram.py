@@ -1,10 +1,16 @@
 """The DRAM tier: one preallocated host buffer per pool array, faulted in at start.
 
 Preallocating (and touching every page once) is what makes a pause a memcpy: a fresh
-buffer per pause is page-fault bound at a third of memcpy speed on these hosts.
+buffer per pause is page-fault bound at a third of memcpy speed on these hosts. The
+buffers are anonymous mappings, so they are page aligned: JAX then reads a restore window
+in place instead of copying it first (an ``np.zeros`` buffer sits 16 bytes off a 64-byte
+boundary, and every restore paid a full extra copy for it).
 """
 
 from __future__ import annotations
+
+import contextlib
+import mmap
 
 import numpy as np
 
@@ -21,12 +27,24 @@ class DramTier(SlotTier):
 
     def __init__(self, geometry: PoolGeometry, capacity_bytes: int) -> None:
         super().__init__(geometry, capacity_bytes // geometry.block_nbytes)
-        self._buffers = [
-            np.zeros((self.capacity_blocks, *spec.block_shape), dtype=spec.dtype)
-            for spec in geometry.arrays
-        ]
-        for buf in self._buffers:
-            buf.reshape(-1).view(np.uint8)[::4096] = 0  # fault every page in now, not per pause
+        self._maps: list[mmap.mmap] = []
+        self._buffers: list[np.ndarray] = []
+        for spec in geometry.arrays:
+            nbytes = max(self.capacity_blocks * spec.block_nbytes, 1)
+            # MAP_POPULATE faults every page in now, not during the first pauses.
+            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
+            region = mmap.mmap(-1, nbytes, flags=flags)
+            self._maps.append(region)
+            count = self.capacity_blocks * int(np.prod(spec.block_shape))
+            buf = np.frombuffer(region, dtype=spec.dtype, count=count)
+            self._buffers.append(buf.reshape(self.capacity_blocks, *spec.block_shape))
 
     def buffers(self) -> list[np.ndarray]:
         return self._buffers
+
+    def close(self) -> None:
+        self._buffers = []
+        for region in self._maps:
+            with contextlib.suppress(BufferError):  # a view is alive: it goes with the view
+                region.close()
+        self._maps = []

@@ -109,7 +109,7 @@ def test_generate_without_any_tokens_is_422(daemon: Daemon) -> None:
     ("body", "code"),
     [
         ({"tier": "tape"}, "invalid_request"),
-        ({"tier": "shm"}, "invalid_request"),
+        ({"tier": "disk"}, "invalid_request"),
         ({"expected_resume_s": -3}, "invalid_request"),
         ({"tool": 5}, "invalid_request"),
     ],
@@ -179,14 +179,24 @@ def test_prompt_larger_than_the_whole_pool_is_422(
 def test_dram_full_on_pause_is_507_and_the_session_stays_active_and_intact(
     make_settings: Callable[..., Settings], daemon_factory: Callable[[Settings], Daemon]
 ) -> None:
-    daemon = daemon_factory(make_settings(tiers={"dram": {"capacity": 2 * 4096}}))
+    tiers = {"dram": {"capacity": 2 * 4096}, "shm": {"capacity": 1 * 4096}}
+    daemon = daemon_factory(make_settings(tiers=tiers))
     c = daemon.client
     for sid in ("s", "twin"):
         c.post("/v1/sessions", json={"session_id": sid})
         c.post(f"/v1/sessions/{sid}/generate", json={"prompt": "a" * 40, "max_new_tokens": 8})
     before = _snapshot(c, "s")
     error = _error(c.post("/v1/sessions/s/pause"), 507, "tier_full")
-    assert error["details"]["needed_blocks"] == 3 and error["details"]["capacity_blocks"] == 2
+    assert error["details"] == {
+        "needed_blocks": 3,
+        "tiers": {
+            "dram": {"free_blocks": 2, "capacity_blocks": 2},
+            "shm": {"free_blocks": 1, "capacity_blocks": 1},
+        },
+    }
+    assert _snapshot(c, "s") == before
+    error = _error(c.post("/v1/sessions/s/pause", json={"tier": "dram"}), 507, "tier_full")
+    assert list(error["details"]["tiers"]) == ["dram"]
     assert _snapshot(c, "s") == before
     step = {"max_new_tokens": 8, "return_logits": True}
     out = c.post("/v1/sessions/s/generate", json=step).json()

@@ -1,0 +1,201 @@
+"""A tier in one preallocated file, mapped into memory: the shared half of shm and disk.
+
+Layout: a 4 KiB header, then one region per pool array (4 KiB aligned) of
+``capacity_blocks`` rows in the pool's own layout. The header is the magic ``AGPKTIER``,
+a little-endian uint32 format version and uint32 length, then JSON naming the model uid,
+the block geometry, the dtypes and the capacity. Which slots belong to which session is
+not in the file: it lives in SQLite (``sessions.parked_handle``), written in the same
+transaction that reports the pause done.
+
+On start an existing file is re-attached only if it is ours (owner, mode 0600) and its
+header matches this daemon exactly. Anything else is refused loudly: the file is moved
+aside (never deleted), the reason is logged and kept in ``attach_problem``, and the tier
+starts empty; sessions that were parked in it become LOST and are recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentpark.engine.base import PoolGeometry
+from agentpark.errors import ConfigError
+from agentpark.tiers.base import SlotTier
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "FileTier", "read_header"]
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"AGPKTIER"
+FORMAT_VERSION = 1
+HEADER_BYTES = 4096
+_ALIGN = 4096
+_PREFIX = struct.Struct("<8sII")
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The header of a tier file; ValueError naming what is wrong with it."""
+    with path.open("rb") as f:
+        raw = f.read(HEADER_BYTES)
+    if len(raw) < _PREFIX.size:
+        raise ValueError(f"file is {len(raw)} bytes, shorter than a header")
+    magic, version, length = _PREFIX.unpack_from(raw)
+    if magic != MAGIC:
+        raise ValueError(f"magic is {magic!r}, expected {MAGIC!r}")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"format version is {version}, this daemon reads {FORMAT_VERSION}")
+    body = raw[_PREFIX.size : _PREFIX.size + length]
+    header: dict[str, Any] = json.loads(body)
+    header["version"] = version
+    return header
+
+
+class FileTier(SlotTier):
+    """Slots in a mapped file; survives the daemon (shm: until reboot, disk: for good)."""
+
+    persistent = True
+
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        geometry: PoolGeometry,
+        capacity_bytes: int,
+        model_uid: str,
+        *,
+        durable: bool,
+        populate: bool,
+    ) -> None:
+        super().__init__(geometry, capacity_bytes // geometry.block_nbytes)
+        self.name = name
+        self.path = path
+        self.durable = durable
+        self.model_uid = model_uid
+        self.reattached = False
+        self.attach_problem: str | None = None
+        self.moved_aside_to: Path | None = None
+        self._offsets: list[int] = []
+        offset = HEADER_BYTES
+        for spec in geometry.arrays:
+            self._offsets.append(offset)
+            offset = _align(offset + self.capacity_blocks * spec.block_nbytes)
+        self.file_bytes = offset
+        self._fd = self._open()
+        flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
+        self._map = mmap.mmap(self._fd, self.file_bytes, flags=flags)
+        self._buffers = [
+            np.frombuffer(
+                self._map,
+                dtype=spec.dtype,
+                count=self.capacity_blocks * int(np.prod(spec.block_shape)),
+                offset=off,
+            ).reshape(self.capacity_blocks, *spec.block_shape)
+            for spec, off in zip(geometry.arrays, self._offsets, strict=True)
+        ]
+
+    # ---- header -----------------------------------------------------------------------
+
+    def expected_header(self) -> dict[str, Any]:
+        return {
+            "tier": self.name,
+            "model_uid": self.model_uid,
+            "block_size": self.geometry.block_size,
+            "arrays": [
+                {"block_shape": list(a.block_shape), "dtype": a.dtype} for a in self.geometry.arrays
+            ],
+            "capacity_blocks": self.capacity_blocks,
+        }
+
+    def _mismatch(self) -> str | None:
+        """Why the existing file cannot be re-attached, or None if it can."""
+        st = self.path.stat()
+        if st.st_uid != os.geteuid():
+            return f"owned by uid {st.st_uid}, not this daemon's uid {os.geteuid()}"
+        if st.st_mode & 0o077:
+            return f"mode {st.st_mode & 0o777:o} is not 0600"
+        try:
+            header = read_header(self.path)
+        except (ValueError, OSError) as exc:
+            return f"unreadable header: {exc}"
+        if st.st_size != self.file_bytes:
+            return f"file is {st.st_size} bytes, this geometry needs {self.file_bytes}"
+        expected = self.expected_header()
+        for key in ("tier", "model_uid", "block_size", "arrays", "capacity_blocks"):
+            if header.get(key) != expected[key]:
+                return f"{key} is {header.get(key)!r}, this daemon has {expected[key]!r}"
+        return None
+
+    def _open(self) -> int:
+        if self.path.exists():
+            problem = self._mismatch()
+            if problem is None:
+                self.reattached = True
+                log.info("%s tier: re-attached %s", self.name, self.path)
+                return os.open(self.path, os.O_RDWR)
+            aside = self.path.with_name(f"{self.path.name}.mismatch-{time.time_ns()}")
+            self.path.rename(aside)
+            self.attach_problem = f"{self.path}: {problem}"
+            self.moved_aside_to = aside
+            log.error(
+                "%s tier: refusing to attach %s: %s; moved it to %s and starting empty",
+                self.name,
+                self.path,
+                problem,
+                aside,
+            )
+        return self._create()
+
+    def _create(self) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            body = json.dumps({**self.expected_header(), "created_at": time.time()}).encode()
+            if _PREFIX.size + len(body) > HEADER_BYTES:
+                raise ConfigError(f"{self.name} tier header does not fit in {HEADER_BYTES} bytes")
+            os.pwrite(fd, _PREFIX.pack(MAGIC, FORMAT_VERSION, len(body)) + body, 0)
+            try:
+                os.posix_fallocate(fd, 0, self.file_bytes)
+            except OSError as exc:
+                raise ConfigError(
+                    f"tiers.{self.name}: cannot reserve {self.file_bytes} bytes at {self.path}: "
+                    f"{exc.strerror}; lower tiers.{self.name}.capacity"
+                ) from None
+            if self.durable:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            self.path.unlink(missing_ok=True)
+            raise
+        log.info("%s tier: created %s (%d blocks)", self.name, self.path, self.capacity_blocks)
+        return fd
+
+    # ---- bytes ------------------------------------------------------------------------
+
+    def buffers(self) -> list[np.ndarray]:
+        return self._buffers
+
+    def flush(self) -> None:
+        """Make written blocks durable before a move is reported done (disk: fsync)."""
+        if self.durable:
+            self._map.flush()
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        self._buffers = []
+        try:
+            self._map.close()
+        except BufferError:
+            log.debug("%s tier: a view is still alive; the map closes when it goes", self.name)
+        os.close(self._fd)

@@ -1,0 +1,29 @@
+"""The shm tier: a file in /dev/shm, so parked sessions survive a daemon crash or upgrade.
+
+Memory speed (it is RAM), not durable across a reboot. Pages are populated at start so a
+pause never page-faults its way through the copy.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from agentpark.engine.base import PoolGeometry
+from agentpark.tiers.filetier import FileTier
+
+__all__ = ["ShmTier", "default_shm_path"]
+
+
+def default_shm_path(port: int) -> Path:
+    """One file per daemon: /dev/shm/agentpark-<host>-<port>."""
+    return Path("/dev/shm") / f"agentpark-{socket.gethostname()}-{port}"
+
+
+class ShmTier(FileTier):
+    def __init__(
+        self, path: Path, geometry: PoolGeometry, capacity_bytes: int, model_uid: str
+    ) -> None:
+        super().__init__(
+            "shm", path, geometry, capacity_bytes, model_uid, durable=False, populate=True
+        )
