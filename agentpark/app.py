@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from agentpark import __version__
-from agentpark.api import host, sessions
+from agentpark.api import admin, dashboard, host, metrics, sessions
 from agentpark.api.handlers import install_error_handlers
 from agentpark.config import Settings
 from agentpark.runtime import Runtime
@@ -18,7 +18,11 @@ __all__ = ["create_app"]
 
 
 def create_app(settings: Settings) -> FastAPI:
-    """Build the app; its lifespan starts the runtime and warms the engine in the background."""
+    """Build the app; its lifespan starts the runtime and warms the engine in the background.
+
+    Whoever runs the server may set ``app.state.request_shutdown`` (a callable) so that
+    ``POST /v1/admin/drain`` can stop it once the sessions are safe.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -26,11 +30,13 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.runtime = runtime
         warm = threading.Thread(target=runtime.warm_up, name="agentpark-warmup", daemon=True)
         warm.start()
+        runtime.sampler.start()
         try:
             yield
         finally:
+            runtime.sampler.stop()
             warm.join()
-            runtime.close()
+            runtime.shutdown()
 
     app = FastAPI(
         title="agentpark",
@@ -41,4 +47,7 @@ def create_app(settings: Settings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(sessions.router)
     app.include_router(host.router)
+    app.include_router(admin.router)
+    app.include_router(metrics.router)
+    app.include_router(dashboard.router)
     return app

@@ -71,16 +71,110 @@ class DramTierSettings(_Section):
     capacity: ByteSize = Field(ByteSize(256 * 2**20), ge=0, le=2**50)
 
 
+class ShmTierSettings(_Section):
+    capacity: ByteSize = Field(ByteSize(256 * 2**20), ge=0, le=2**50, description="0 disables")
+    path: Path | None = Field(None, description="default /dev/shm/agentpark-<host>-<port>")
+
+
+class DiskTierSettings(_Section):
+    capacity: ByteSize = Field(ByteSize(0), ge=0, le=2**56, description="0 disables")
+    path: Path | None = Field(None, description="default <state_dir>/disk-tier.bin")
+
+
 class TierSettings(_Section):
     dram: DramTierSettings = DramTierSettings()
+    shm: ShmTierSettings = ShmTierSettings()
+    disk: DiskTierSettings = DiskTierSettings()
+
+
+class IntegritySettings(_Section):
+    """Checksums of parked copies, verified on restore; off costs nothing, on costs a hash."""
+
+    checksum: Literal["xxh3", "none"] = "xxh3"
+    tiers: tuple[Literal["dram", "shm", "disk"], ...] = Field(
+        ("shm", "disk"),
+        description="tiers whose copies are checksummed (persistent ones can be corrupted)",
+    )
+
+
+class ShutdownSettings(_Section):
+    """On SIGTERM (or `agentpark drain`): park every session to shm/disk, then exit."""
+
+    drain: bool = True
+    deadline_s: float = Field(30.0, ge=0.0, le=3600.0)
 
 
 class DmaSettings(_Section):
-    backend: Literal["auto", "host_copy"] = "auto"
+    """How blocks move between the pool and host tiers (agentpark.dma.select_transfer).
+
+    ``auto``: host_copy on JAX's CPU platform, jax_memkind on a GPU or TPU. ``tpu_sync`` needs
+    the ``agentpark[tpu]`` extra (Python >= 3.12) on a TPU host.
+    """
+
+    backend: Literal["auto", "host_copy", "jax_memkind", "tpu_sync"] = "auto"
 
 
 class LimitSettings(_Section):
     max_new_tokens: int = Field(512, ge=1, le=1_048_576)
+
+
+class DownsampleRule(_Section):
+    """Samples older than ``after_h`` hours are merged into buckets of ``step_s`` seconds."""
+
+    after_h: float = Field(ge=0.0, le=87_840.0)
+    step_s: int = Field(ge=1, le=604_800)
+
+
+class DashboardSettings(_Section):
+    """Host history for /dashboard and /v1/host/history, peers, and the metrics' host label."""
+
+    host_label: str | None = Field(
+        None, min_length=1, max_length=128, description="default: the machine's hostname"
+    )
+    sample_interval_s: float = Field(10.0, ge=0.1, le=3600.0)
+    retention_h: float = Field(168.0, ge=0.01, le=87_840.0)
+    downsample: list[DownsampleRule] = Field(
+        default_factory=lambda: [
+            DownsampleRule(after_h=1.0, step_s=60),
+            DownsampleRule(after_h=24.0, step_s=600),
+        ],
+        description="finest first; each step a multiple of the one before",
+    )
+    refresh_s: float = Field(5.0, ge=0.5, le=3600.0, description="the page reloads its data")
+    peers: list[str] = Field(default_factory=list, description="other daemons' base URLs")
+    peer_timeout_s: float = Field(1.0, ge=0.05, le=60.0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DashboardSettings:
+        previous: DownsampleRule | None = None
+        for rule in self.downsample:
+            if rule.step_s < self.sample_interval_s:
+                raise ValueError(
+                    f"downsample step_s ({rule.step_s}) is shorter than sample_interval_s "
+                    f"({self.sample_interval_s})"
+                )
+            if rule.after_h >= self.retention_h:
+                raise ValueError(
+                    f"downsample after_h ({rule.after_h}) is not below retention_h "
+                    f"({self.retention_h}): such samples are already deleted"
+                )
+            if previous is not None and not (
+                rule.after_h > previous.after_h
+                and rule.step_s > previous.step_s
+                and rule.step_s % previous.step_s == 0
+            ):
+                raise ValueError(
+                    "downsample rules must go from finest to coarsest: after_h and step_s "
+                    "increasing, each step_s a multiple of the one before "
+                    f"(got {previous.step_s}s after {previous.after_h}h, "
+                    f"then {rule.step_s}s after {rule.after_h}h)"
+                )
+            previous = rule
+        for peer in self.peers:
+            scheme, sep, rest = peer.partition("://")
+            if scheme not in ("http", "https") or not sep or not rest.strip("/"):
+                raise ValueError(f"peer {peer!r} is not an http(s) URL like http://host-b:8470")
+        return self
 
 
 class Settings(BaseSettings):
@@ -102,6 +196,9 @@ class Settings(BaseSettings):
     tiers: TierSettings = TierSettings()
     dma: DmaSettings = DmaSettings()
     limits: LimitSettings = LimitSettings()
+    integrity: IntegritySettings = IntegritySettings()
+    shutdown: ShutdownSettings = ShutdownSettings()
+    dashboard: DashboardSettings = DashboardSettings()
 
     @property
     def database_url(self) -> str:

@@ -37,17 +37,39 @@ def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def make_settings(tmp_path: Path) -> Callable[..., Settings]:
+def shm_dir() -> Iterator[Path]:
+    """A private directory under /dev/shm (real shared memory), removed afterwards."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="agentpark-test-", dir="/dev/shm"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path, shm_dir: Path) -> Callable[..., Settings]:
     def make(**overrides: Any) -> Settings:
-        merged: dict[str, Any] = {"state_dir": tmp_path / "state", **TINY}
+        tiers = {**TINY["tiers"], "shm": {"capacity": 32 * 4096, "path": shm_dir / "tier"}}
+        merged: dict[str, Any] = {"state_dir": tmp_path / "state", **TINY, "tiers": tiers}
         for key, value in overrides.items():
             if isinstance(value, dict) and isinstance(merged.get(key), dict):
-                merged[key] = {**merged[key], **value}
+                merged[key] = _merge(merged[key], value)
             else:
                 merged[key] = value
         return load_settings(None, **merged)
 
     return make
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 @dataclass
@@ -82,6 +104,7 @@ def start_daemon(settings: Settings) -> Daemon:
     app = create_app(settings)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
+    app.state.request_shutdown = lambda: setattr(server, "should_exit", True)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -124,3 +147,100 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not reached within {timeout}s")
         tick.wait(0.005)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class DaemonProcess:
+    """`agentpark serve` as a real child process (for kill -9 and SIGTERM tests)."""
+
+    def __init__(self, config: Path, port: int) -> None:
+        import os
+        import subprocess
+        import sys
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPARK_")}
+        env["PYTHONUNBUFFERED"] = "1"
+        cmd = [sys.executable, "-m", "agentpark", "--config", str(config), "serve"]
+        cmd += ["--port", str(port)]
+        self.url = f"http://127.0.0.1:{port}"
+        self.log: list[str] = []
+        self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:  # blocks until uvicorn says it listens
+            self.log.append(line)
+            if "Uvicorn running on" in line:
+                break
+        self._drain = threading.Thread(target=self._read_rest, daemon=True)
+        self._drain.start()
+        assert self.proc.poll() is None, "daemon exited early:\n" + "".join(self.log)
+        self.client = httpx.Client(base_url=self.url, timeout=60)
+        wait_until(lambda: self.client.get("/readyz").status_code == 200, timeout=120)
+
+    def _read_rest(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def stop(self, sig: int) -> int:
+        """Send ``sig`` and wait for the process to end; returns its exit code."""
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=120)
+        self._drain.join(timeout=10)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+        return code
+
+
+@pytest.fixture
+def daemon_process() -> Iterator[Callable[[Path, int], DaemonProcess]]:
+    import signal
+
+    started: list[DaemonProcess] = []
+
+    def start(config: Path, port: int) -> DaemonProcess:
+        proc = DaemonProcess(config, port)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.proc.poll() is None:
+            proc.stop(signal.SIGKILL)
+        proc.client.close()
+        proc.proc.wait(timeout=60)
+        proc._drain.join(timeout=10)
+        if proc.proc.stderr is not None and not proc.proc.stderr.closed:
+            proc.proc.stderr.close()
+
+
+def write_config(path: Path, settings: Settings) -> Path:
+    """The settings as a TOML file a child process can read."""
+    lines = [f'state_dir = "{settings.state_dir}"']
+    for section in ("model", "pool", "limits", "integrity", "shutdown"):
+        lines.append(f"[{section}]")
+        for key, value in getattr(settings, section).model_dump().items():
+            lines.append(f"{key} = {_toml(value)}")
+    for tier in ("dram", "shm", "disk"):
+        lines.append(f"[tiers.{tier}]")
+        for key, value in getattr(settings.tiers, tier).model_dump().items():
+            if value is not None:
+                lines.append(f"{key} = {_toml(value)}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return f'"{value}"'

@@ -19,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "EventRow", "SessionRow"]
+__all__ = ["Base", "EventRow", "HostSampleRow", "SessionRow"]
 
 
 class Base(DeclarativeBase):
@@ -82,3 +82,43 @@ class EventRow(Base):
     # Why: explicit (an API call), idle, pressure, drain, prefetch, demote, restart, ...
     reason: Mapped[str | None] = mapped_column(String(32))
     detail: Mapped[str | None] = mapped_column(String(1024))
+
+
+class HostSampleRow(Base):
+    """One point of the host's history (/v1/host/history, the dashboard).
+
+    Gauges (pool, reclaimed, tiers, sessions) are what the host held at ``at``; the
+    counts, bytes and milliseconds are of the events committed since the previous sample
+    (event ids up to ``last_event_id``). A downsampled row stands for ``n`` raw samples of
+    the bucket ``[at, at + step_s)``: gauges averaged, counts summed, p50 the count-weighted
+    mean and p99 the maximum of its members.
+    """
+
+    __tablename__ = "host_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    # Seconds a raw sample covers (the sampling interval) or the bucket width.
+    step_s: Mapped[float] = mapped_column(Float)
+    n: Mapped[int] = mapped_column(Integer, default=1)
+    last_event_id: Mapped[int] = mapped_column(Integer, default=0)
+    pool_total_bytes: Mapped[int] = mapped_column(Integer)
+    pool_used_bytes: Mapped[int] = mapped_column(Integer)
+    reclaimed_bytes: Mapped[int] = mapped_column(Integer)
+    # {tier: {"used_bytes": int, "capacity_bytes": int}}
+    tiers: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # {state: count}; averages (floats) in downsampled rows
+    sessions: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    pauses: Mapped[int] = mapped_column(Integer, default=0)
+    resumes: Mapped[int] = mapped_column(Integer, default=0)
+    recomputes: Mapped[int] = mapped_column(Integer, default=0)
+    restore_failures: Mapped[int] = mapped_column(Integer, default=0)
+    bytes_parked: Mapped[int] = mapped_column(Integer, default=0)
+    bytes_restored: Mapped[int] = mapped_column(Integer, default=0)
+    # Milliseconds spent copying those bytes: bandwidth = bytes / (ms / 1000).
+    park_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    restore_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    pause_p50_ms: Mapped[float | None] = mapped_column(Float)
+    pause_p99_ms: Mapped[float | None] = mapped_column(Float)
+    resume_p50_ms: Mapped[float | None] = mapped_column(Float)
+    resume_p99_ms: Mapped[float | None] = mapped_column(Float)

@@ -1,0 +1,406 @@
+"""Every Prometheus metric agentpark exports, defined once, served at ``/metrics``.
+
+Two sources feed them:
+
+- **events**: :meth:`Metrics.observe` is a :attr:`Parking.listeners` entry and sees every
+  committed transition: counters (pauses by reason, resumes by source, bytes moved, restore
+  failures, recompute fallbacks) and histograms (pause and resume latency, bandwidth).
+- **the host view**: a collector reads :meth:`Parking.host` and the live sessions at scrape
+  time for the gauges (pool blocks, HBM reclaimed, parked bytes and use per tier, sessions
+  by state), so a gauge is never stale and costs nothing between scrapes.
+
+Label convention: every agentpark series carries ``host``, the daemon's
+``dashboard.host_label`` (default: the machine's hostname), so series stay attributable
+however Prometheus finds the target (a pod IP, a node port) and the Grafana dashboard and
+the alert rules in ``deploy/`` group by it. ``instance`` and ``job`` are left to the scrape
+config; the alert for a daemon that is down uses ``up{job="agentpark"}``, which Prometheus
+itself records.
+
+Each app has its own :class:`~prometheus_client.CollectorRegistry` (not the global one),
+so several daemons in one process (the tests) never collide.
+
+The metrics (``{...}`` are labels besides ``host``):
+
+=========================================================  =========  =======================
+name                                                        type       labels
+=========================================================  =========  =======================
+agentpark_build_info                                        gauge      version, dma_backend,
+                                                                       model_uid
+agentpark_ready                                             gauge
+agentpark_pool_blocks                                       gauge      state (free, used)
+agentpark_pool_bytes                                        gauge      state (free, used)
+agentpark_pool_block_bytes                                  gauge
+agentpark_hbm_reclaimed_bytes                               gauge
+agentpark_parked_bytes                                      gauge      tier
+agentpark_tier_capacity_bytes / _used_bytes                 gauge      tier
+agentpark_tier_capacity_blocks / _used_blocks               gauge      tier
+agentpark_sessions                                          gauge      state
+agentpark_events_total                                      counter    kind
+agentpark_pauses_total                                      counter    reason, tier
+agentpark_resumes_total                                     counter    source, reason
+agentpark_recompute_fallbacks_total                         counter    reason
+agentpark_restore_failures_total                            counter    tier
+agentpark_sessions_lost_total                               counter    reason
+agentpark_tier_moves_total                                  counter    kind, from_tier, to_tier
+agentpark_transfer_bytes_total                              counter    direction, tier
+agentpark_transfer_seconds_total                            counter    direction, tier
+agentpark_transfer_bandwidth_bytes_per_second               histogram  direction, tier
+agentpark_pause_duration_seconds                            histogram  tier
+agentpark_resume_duration_seconds                           histogram  source
+=========================================================  =========  =======================
+
+plus the ``process_*`` series of this process. ``direction`` is ``park`` (pool to a tier;
+``tier`` is where the bytes went), ``restore`` (a tier back to the pool; ``tier`` is where
+they came from) or the kind of a move between tiers (``demote``, ``promote``, ``move``;
+``tier`` is the destination). ``source`` is the tier a resume restored from, ``recompute``
+when the parked copy was gone and the session was rebuilt by re-prefill, or ``pool`` for a
+resume that found the session already in the pool (when parking records one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from agentpark import __version__
+from agentpark.store.models import EventRow
+
+if TYPE_CHECKING:
+    from agentpark.parking import Parking
+
+__all__ = ["METRIC_NAMES", "Metrics"]
+
+log = logging.getLogger(__name__)
+
+# Pause reasons and the label sets created at start (so rate() and increase() see a zero).
+PAUSE_REASONS = ("explicit", "idle", "pressure", "drain")
+MOVE_KINDS = ("move", "demote", "promote")
+# Latency: 100 us .. 60 s; bandwidth: 1 MB/s .. 1 TB/s.
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+BANDWIDTH_BUCKETS = tuple(float(10**e) for e in range(6, 13)) + tuple(
+    float(3 * 10**e) for e in range(6, 12)
+)
+
+# Every family name this module exports (tests check deploy/ against a live /metrics).
+METRIC_NAMES = (
+    "agentpark_build_info",
+    "agentpark_ready",
+    "agentpark_pool_blocks",
+    "agentpark_pool_bytes",
+    "agentpark_pool_block_bytes",
+    "agentpark_hbm_reclaimed_bytes",
+    "agentpark_parked_bytes",
+    "agentpark_tier_capacity_bytes",
+    "agentpark_tier_used_bytes",
+    "agentpark_tier_capacity_blocks",
+    "agentpark_tier_used_blocks",
+    "agentpark_sessions",
+    "agentpark_events_total",
+    "agentpark_pauses_total",
+    "agentpark_resumes_total",
+    "agentpark_recompute_fallbacks_total",
+    "agentpark_restore_failures_total",
+    "agentpark_sessions_lost_total",
+    "agentpark_tier_moves_total",
+    "agentpark_transfer_bytes_total",
+    "agentpark_transfer_seconds_total",
+    "agentpark_transfer_bandwidth_bytes_per_second",
+    "agentpark_pause_duration_seconds",
+    "agentpark_resume_duration_seconds",
+)
+
+
+def _label(value: str | None, default: str) -> str:
+    """A label value from an event field: bounded length, never empty."""
+    return (value or default)[:32]
+
+
+class Metrics:
+    """The metrics of one daemon: a registry, the event listener and the host collector."""
+
+    def __init__(
+        self,
+        parking: Parking,
+        host: str,
+        ready: Callable[[], bool],
+        model_uid: str = "",
+    ) -> None:
+        self.host = host
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        h = ("host",)
+        self.events = Counter(
+            "agentpark_events",
+            "Session transitions committed, by kind.",
+            (*h, "kind"),
+            registry=reg,
+        )
+        self.pauses = Counter(
+            "agentpark_pauses",
+            "Sessions parked off the pool, by why (explicit, idle, pressure, drain) and tier.",
+            (*h, "reason", "tier"),
+            registry=reg,
+        )
+        self.resumes = Counter(
+            "agentpark_resumes",
+            "Sessions brought back into the pool, by source (a tier, recompute, pool) and "
+            "by what asked (explicit, generate, prefetch).",
+            (*h, "source", "reason"),
+            registry=reg,
+        )
+        self.recomputes = Counter(
+            "agentpark_recompute_fallbacks",
+            "Resumes that rebuilt the KV by re-prefill because the parked copy was gone.",
+            (*h, "reason"),
+            registry=reg,
+        )
+        self.restore_failures = Counter(
+            "agentpark_restore_failures",
+            "Restores from a tier that failed (the parked copy is kept), by tier.",
+            (*h, "tier"),
+            registry=reg,
+        )
+        self.lost = Counter(
+            "agentpark_sessions_lost",
+            "Parked copies found gone or corrupt while running, by reason (those found at "
+            "start-up show in agentpark_sessions{state='lost'}).",
+            (*h, "reason"),
+            registry=reg,
+        )
+        self.moves = Counter(
+            "agentpark_tier_moves",
+            "Parked sessions moved between host tiers.",
+            (*h, "kind", "from_tier", "to_tier"),
+            registry=reg,
+        )
+        self.transfer_bytes = Counter(
+            "agentpark_transfer_bytes",
+            "KV bytes copied, by direction (park, restore, demote, promote, move) and tier.",
+            (*h, "direction", "tier"),
+            registry=reg,
+        )
+        self.transfer_seconds = Counter(
+            "agentpark_transfer_seconds",
+            "Seconds spent on those copies: rate(bytes) / rate(seconds) is the bandwidth.",
+            (*h, "direction", "tier"),
+            registry=reg,
+        )
+        self.bandwidth = Histogram(
+            "agentpark_transfer_bandwidth_bytes_per_second",
+            "Bandwidth of each copy (bytes / its duration).",
+            (*h, "direction", "tier"),
+            buckets=sorted(BANDWIDTH_BUCKETS),
+            registry=reg,
+        )
+        self.pause_seconds = Histogram(
+            "agentpark_pause_duration_seconds",
+            "Pause latency: copy to the tier and bookkeeping, by tier.",
+            (*h, "tier"),
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.resume_seconds = Histogram(
+            "agentpark_resume_duration_seconds",
+            "Resume latency: copy back or recompute, by source.",
+            (*h, "source"),
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        reg.register(_HostCollector(parking, host, ready, model_uid))
+        ProcessCollector(registry=reg)
+        self._create_label_sets(list(parking.host().get("tiers", {})))
+
+    def _create_label_sets(self, tiers: Iterable[str]) -> None:
+        """Create the series every host has, at zero, so they exist before the first event."""
+        host = self.host
+        self.recomputes.labels(host, "explicit")
+        self.lost.labels(host, "restart")
+        for tier in tiers:
+            for reason in PAUSE_REASONS:
+                self.pauses.labels(host, reason, tier)
+            self.resumes.labels(host, tier, "explicit")
+            self.restore_failures.labels(host, tier)
+            self.pause_seconds.labels(host, tier)
+            self.resume_seconds.labels(host, tier)
+            for direction in ("park", "restore"):
+                self.transfer_bytes.labels(host, direction, tier)
+                self.transfer_seconds.labels(host, direction, tier)
+                self.bandwidth.labels(host, direction, tier)
+        self.resumes.labels(host, "recompute", "explicit")
+        self.resume_seconds.labels(host, "recompute")
+
+    # ---- events -------------------------------------------------------------------------
+
+    def observe(self, event: EventRow) -> None:
+        """The Parking listener: count one committed event (never raises)."""
+        try:
+            self._observe(event)
+        except Exception:
+            log.exception("metrics: cannot count event %s", event.kind)
+
+    def _observe(self, event: EventRow) -> None:
+        host, kind = self.host, event.kind
+        reason = _label(event.reason, "explicit")
+        seconds = (event.duration_ms or 0.0) / 1e3
+        nbytes = event.bytes or 0
+        self.events.labels(host, _label(kind, "unknown")).inc()
+        if kind == "pause":
+            tier = _label(event.to_tier, "unknown")
+            self.pauses.labels(host, reason, tier).inc()
+            self.pause_seconds.labels(host, tier).observe(seconds)
+            self._transfer("park", tier, nbytes, seconds)
+        elif kind == "resume":
+            source = _label(event.from_tier, "pool")
+            self.resumes.labels(host, source, reason).inc()
+            self.resume_seconds.labels(host, source).observe(seconds)
+            if source != "pool":
+                self._transfer("restore", source, nbytes, seconds)
+        elif kind == "recompute":
+            self.resumes.labels(host, "recompute", reason).inc()
+            self.resume_seconds.labels(host, "recompute").observe(seconds)
+            self.recomputes.labels(host, reason).inc()
+        elif kind == "restore_failed":
+            self.restore_failures.labels(host, _label(event.from_tier, "unknown")).inc()
+        elif kind == "lost":
+            self.lost.labels(host, reason).inc()
+        elif kind in MOVE_KINDS:
+            src, dst = _label(event.from_tier, "unknown"), _label(event.to_tier, "unknown")
+            self.moves.labels(host, kind, src, dst).inc()
+            self._transfer(kind, dst, nbytes, seconds)
+
+    def _transfer(self, direction: str, tier: str, nbytes: int, seconds: float) -> None:
+        if nbytes <= 0:
+            return
+        self.transfer_bytes.labels(self.host, direction, tier).inc(nbytes)
+        self.transfer_seconds.labels(self.host, direction, tier).inc(seconds)
+        if seconds > 0:
+            self.bandwidth.labels(self.host, direction, tier).observe(nbytes / seconds)
+
+    # ---- exposition ---------------------------------------------------------------------
+
+    def render(self, accept: str | None) -> tuple[bytes, str]:
+        """The exposition for this Accept header (Prometheus text, or OpenMetrics)."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+class _HostCollector(Collector):
+    """Gauges read from the host view at scrape time."""
+
+    def __init__(
+        self, parking: Parking, host: str, ready: Callable[[], bool], model_uid: str
+    ) -> None:
+        self.parking = parking
+        self.host = host
+        self.ready = ready
+        self.model_uid = model_uid
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._families(self.parking.host()))
+
+    def _families(self, view: dict[str, object] | None = None) -> Iterator[Metric]:
+        h = self.host
+        info = InfoMetricFamily(
+            "agentpark_build",
+            "The daemon's version, DMA backend and model.",
+            labels=("host", "version", "dma_backend", "model_uid"),
+        )
+        ready = GaugeMetricFamily(
+            "agentpark_ready",
+            "1 when the engine is warm and sessions are served.",
+            labels=("host",),
+        )
+        pool_blocks = GaugeMetricFamily(
+            "agentpark_pool_blocks", "KV pool blocks by state.", labels=("host", "state")
+        )
+        pool_bytes = GaugeMetricFamily(
+            "agentpark_pool_bytes", "KV pool (HBM) bytes by state.", labels=("host", "state")
+        )
+        block_bytes = GaugeMetricFamily(
+            "agentpark_pool_block_bytes", "Bytes of one KV block.", labels=("host",)
+        )
+        reclaimed = GaugeMetricFamily(
+            "agentpark_hbm_reclaimed_bytes",
+            "HBM given back to the pool by parking: KV bytes of the sessions parked now.",
+            labels=("host",),
+        )
+        parked = GaugeMetricFamily(
+            "agentpark_parked_bytes",
+            "KV bytes of the sessions parked now, by tier.",
+            labels=("host", "tier"),
+        )
+        tier_gauges = {
+            key: GaugeMetricFamily(
+                f"agentpark_tier_{key}", f"Tier {key.replace('_', ' ')}.", labels=("host", "tier")
+            )
+            for key in ("capacity_bytes", "used_bytes", "capacity_blocks", "used_blocks")
+        }
+        sessions = GaugeMetricFamily(
+            "agentpark_sessions", "Live sessions by state.", labels=("host", "state")
+        )
+        if view is not None:
+            info.add_metric(
+                [h, __version__, str(getattr(self.parking.transfer, "name", "")), self.model_uid],
+                {},
+            )
+            ready.add_metric([h], 1.0 if self.ready() else 0.0)
+            pool = view["pool"]
+            assert isinstance(pool, dict)
+            for state in ("free", "used"):
+                pool_blocks.add_metric([h, state], pool[f"{state}_blocks"])
+                pool_bytes.add_metric([h, state], pool[f"{state}_bytes"])
+            block_bytes.add_metric([h], pool["block_bytes"])
+            reclaimed.add_metric([h], float(view["reclaimed_bytes"]))  # type: ignore[arg-type]
+            tiers = view.get("tiers", {})
+            assert isinstance(tiers, dict)
+            by_tier = dict.fromkeys(tiers, 0)
+            for row in self.parking.live_sessions():
+                if row.state == "parked" and row.tier:
+                    by_tier[row.tier] = by_tier.get(row.tier, 0) + row.kv_bytes
+            for tier, nbytes in sorted(by_tier.items()):
+                parked.add_metric([h, tier], nbytes)
+            for name, tier_view in sorted(tiers.items()):
+                for key, family in tier_gauges.items():
+                    if key in tier_view:
+                        family.add_metric([h, name], tier_view[key])
+            counts = view.get("sessions", {})
+            assert isinstance(counts, dict)
+            for state, count in sorted(counts.items()):
+                sessions.add_metric([h, state], count)
+        yield info
+        yield ready
+        yield pool_blocks
+        yield pool_bytes
+        yield block_bytes
+        yield reclaimed
+        yield parked
+        yield from tier_gauges.values()
+        yield sessions
