@@ -101,7 +101,8 @@ def _serve(args: argparse.Namespace) -> int:
         update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     )
     settings = settings.model_copy(update={"server": server})
-    select_transfer(settings.dma.backend)  # refuse a backend this host cannot run, before binding
+    if settings.dma.backend != "tpu_sync":  # tpu_sync is checked when the engine exists
+        select_transfer(settings.dma.backend)  # refuse what this host cannot run, before binding
     app = create_app(settings)
     config = uvicorn.Config(app, host=server.host, port=server.port, log_level=settings.log_level)
     # Leave room for the drain: uvicorn first waits this long for requests in flight.

@@ -18,7 +18,7 @@ from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
 from agentpark.store.samples import SampleStore
-from agentpark.tiers.base import HostTier
+from agentpark.tiers.base import BackendHeldTier, HostTier
 from agentpark.tiers.disk import DiskTier
 from agentpark.tiers.dram import DramTier
 from agentpark.tiers.shm import ShmTier, default_shm_path
@@ -49,8 +49,15 @@ class Runtime:
         engine = ReferenceEngine(
             ModelSpec(**settings.model.model_dump()), PoolSpec(**settings.pool.model_dump())
         )
-        transfer = select_transfer(settings.dma.backend)
-        tiers = build_tiers(settings, engine.geometry, engine.model_uid)
+        if settings.dma.backend == "tpu_sync":
+            # TPU Sync keeps parked bytes in its own host memory, in the TPU's tiled layout:
+            # one bookkeeping-only tier, and nothing agentpark could copy to shm or disk.
+            capacity = int(settings.tiers.dram.capacity) // engine.geometry.block_nbytes
+            tiers: list[HostTier] = [BackendHeldTier("dram", engine.geometry, capacity)]
+            transfer = select_transfer("tpu_sync", engine=engine, host_blocks=capacity)
+        else:
+            transfer = select_transfer(settings.dma.backend)
+            tiers = build_tiers(settings, engine.geometry, engine.model_uid)
         options = ParkingOptions(
             max_new_tokens=settings.limits.max_new_tokens,
             checksum_tiers=frozenset(settings.integrity.tiers)

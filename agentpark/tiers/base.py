@@ -16,7 +16,7 @@ from agentpark.engine.base import PoolGeometry
 from agentpark.engine.pool import BlockAllocator, PoolExhaustedError
 from agentpark.errors import TierFullError
 
-__all__ = ["HostTier", "SlotTier"]
+__all__ = ["BackendHeldTier", "HostTier", "SlotTier"]
 
 
 class HostTier(Protocol):
@@ -112,3 +112,18 @@ class SlotTier:
     def check_invariants(self) -> None:
         if self._slots:
             self._slots.check_invariants()
+
+
+class BackendHeldTier(SlotTier):
+    """Slots whose bytes a DMA backend keeps in its own host memory (tpu_sync).
+
+    Slot ``s`` is the backend's host block ``s``; agentpark only does the bookkeeping, so
+    these bytes can be neither read, checksummed nor moved to another tier.
+    """
+
+    def __init__(self, name: str, geometry: PoolGeometry, capacity_blocks: int) -> None:
+        super().__init__(geometry, capacity_blocks)
+        self.name = name
+
+    def buffers(self) -> list[np.ndarray]:
+        raise TypeError(f"the {self.name} tier's bytes live in the DMA backend, not in agentpark")
