@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -12,28 +16,51 @@ from agentpark import __version__
 from agentpark.api import admin, dashboard, host, metrics, sessions
 from agentpark.api.handlers import install_error_handlers
 from agentpark.config import Settings
+from agentpark.errors import AgentparkError
 from agentpark.runtime import Runtime
 
 __all__ = ["create_app"]
 
+log = logging.getLogger(__name__)
 
-def create_app(settings: Settings) -> FastAPI:
+
+def _reload_on_sighup(runtime: Runtime) -> bool:
+    """SIGHUP reloads the policy; only where the loop may own signals (the main thread)."""
+
+    def reload() -> None:
+        try:
+            runtime.reload_policy()
+        except AgentparkError as exc:
+            log.error("SIGHUP: %s", exc.message)
+
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return False  # a server in a thread (tests): POST /v1/admin/reload still works
+    return True
+
+
+def create_app(settings: Settings, config_path: Path | None = None) -> FastAPI:
     """Build the app; its lifespan starts the runtime and warms the engine in the background.
 
     Whoever runs the server may set ``app.state.request_shutdown`` (a callable) so that
-    ``POST /v1/admin/drain`` can stop it once the sessions are safe.
+    ``POST /v1/admin/drain`` can stop it once the sessions are safe. ``config_path`` is
+    the file SIGHUP and ``POST /v1/admin/reload`` read the policy from again.
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = Runtime.start(settings)
+        runtime = Runtime.start(settings, config_path)
         app.state.runtime = runtime
         warm = threading.Thread(target=runtime.warm_up, name="agentpark-warmup", daemon=True)
         warm.start()
         runtime.sampler.start()
+        hup = _reload_on_sighup(runtime)
         try:
             yield
         finally:
+            if hup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             runtime.sampler.stop()
             warm.join()
             runtime.shutdown()

@@ -103,7 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = settings.model_copy(update={"server": server})
     if settings.dma.backend != "tpu_sync":  # tpu_sync is checked when the engine exists
         select_transfer(settings.dma.backend)  # refuse what this host cannot run, before binding
-    app = create_app(settings)
+    app = create_app(settings, args.config or _env_config())
     config = uvicorn.Config(app, host=server.host, port=server.port, log_level=settings.log_level)
     # Leave room for the drain: uvicorn first waits this long for requests in flight.
     config.timeout_graceful_shutdown = 10
@@ -129,6 +129,15 @@ def _status(args: argparse.Namespace) -> int:
     settings = _settings(args)
     url = args.url or f"http://{settings.server.host}:{settings.server.port}"
     return print_status(url)
+
+
+def _env_config() -> Path | None:
+    import os
+
+    from agentpark.config import CONFIG_ENV
+
+    value = os.environ.get(CONFIG_ENV)
+    return Path(value) if value else None
 
 
 def _drain(args: argparse.Namespace) -> int:

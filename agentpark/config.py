@@ -97,6 +97,45 @@ class IntegritySettings(_Section):
     )
 
 
+def _default_demotion() -> dict[Literal["dram", "shm"], float]:
+    return {"dram": 300.0, "shm": 3600.0}
+
+
+class ToolPolicySettings(_Section):
+    expected_pause_s: float = Field(..., ge=0.0, le=86_400.0, description="prior, until learned")
+
+
+class PolicySettings(_Section):
+    """When the daemon parks, where, and when it brings a session back (reloadable)."""
+
+    enabled: bool = Field(True, description="run the policy loop")
+    tick_s: float = Field(1.0, ge=0.01, le=3600.0, description="how often the loop looks")
+    idle_pause_after_s: float = Field(
+        30.0, ge=0.0, le=864_000.0, description="park a session untouched this long; 0: never"
+    )
+    min_pause_s: float = Field(
+        2.0, ge=0.0, le=86_400.0, description="keep a pause expected shorter than this"
+    )
+    overhead_s: float = Field(
+        0.002, ge=0.0, le=60.0, description="control-plane cost of a round trip"
+    )
+    demote_after_s: dict[Literal["dram", "shm"], float] = Field(
+        default_factory=_default_demotion,
+        description="move a parked session to the next tier after this long; absent: never",
+    )
+    hbm_high_watermark: float = Field(
+        0.90, ge=0.0, le=1.0, description="above this pool use, park idle sessions (LRU first)"
+    )
+    prefetch_lead_s: float = Field(
+        0.5, ge=0.0, le=3600.0, description="restore this long before the expected resume"
+    )
+    tool_quantile: float = Field(
+        0.5, ge=0.0, le=1.0, description="learned pause per tool: this quantile of the window"
+    )
+    tool_window: int = Field(64, ge=1, le=100_000, description="observations kept per tool")
+    tools: dict[str, ToolPolicySettings] = Field(default_factory=dict)
+
+
 class ShutdownSettings(_Section):
     """On SIGTERM (or `agentpark drain`): park every session to shm/disk, then exit."""
 
@@ -198,6 +237,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     integrity: IntegritySettings = IntegritySettings()
     shutdown: ShutdownSettings = ShutdownSettings()
+    policy: PolicySettings = PolicySettings()
     dashboard: DashboardSettings = DashboardSettings()
 
     @property

@@ -178,6 +178,9 @@ class Parking:
         self.max_new_tokens = self.options.max_new_tokens
         self.counters = Counters()
         self.draining = False
+        # Measured copy speed (bytes/s, moving average of pauses and restores): the
+        # break-even and prefetch rules price a round trip with it.
+        self.bandwidth_bps = 5e9
         # Called with every event after it is committed (metrics, policy); must not raise.
         self.listeners: list[Callable[[EventRow], None]] = []
         self._sessions: dict[tuple[str, str], _Live] = {}
@@ -268,6 +271,11 @@ class Parking:
 
     def events(self, tenant: str, session_id: str | None, limit: int) -> Sequence[EventRow]:
         return self.store.events(tenant, session_id, limit)
+
+    def snapshot(self) -> list[tuple[SessionRow, bool]]:
+        """Every live session and whether an operation holds it now (for the policy loop)."""
+        with self._registry_lock:
+            return [(live.row, live.lock.locked()) for live in self._sessions.values()]
 
     def live_sessions(self) -> list[SessionRow]:
         with self._registry_lock:
@@ -397,6 +405,7 @@ class Parking:
             # fails here with the session unchanged.
             need = self.engine.blocks_for(total)
             held = len(live.block_table)
+            self._make_room(live, need - held)
             extra = self._allocate(live, need - held)
             restored_from = resume_ms = None
             try:
@@ -407,6 +416,7 @@ class Parking:
                     restored_from, resume_ms = result.restored_from, result.resume_ms
                 live.block_table.extend(extra)
                 extra = []
+                self._observe_tool_return(live)
                 new = self._decode(live, prompt_tokens, max_new_tokens, temperature, seed)
             finally:
                 if extra:
@@ -561,10 +571,14 @@ class Parking:
         event.to_tier, event.bytes, event.duration_ms = dst.name, nbytes, elapsed_ms
         event.reason = reason
         event.detail = f"tool={tool}" if tool else None
-        row.state, row.tier, row.paused_at = State.PARKED, dst.name, now
+        row.state, row.tier, row.tier_since = State.PARKED, dst.name, now
+        self._measured(nbytes, elapsed_ms)
         row.pause_count += 1
-        row.tool = tool
-        row.expected_resume_at = None if expected_resume_s is None else now + expected_resume_s
+        if reason == "explicit" or row.tool is None:
+            # A new wait starts here; a policy pause of a session already waiting on its
+            # tool (kept at first, parked later) keeps the wait's start and estimate.
+            row.paused_at, row.tool = now, tool
+            row.expected_resume_at = None if expected_resume_s is None else now + expected_resume_s
         row.parked_handle = {"slots": slots}
         row.checksum = digest
         row.kv_blocks, row.kv_bytes = len(blocks), nbytes
@@ -572,6 +586,10 @@ class Parking:
         self.counters.pauses += 1
         self.counters.bytes_parked += nbytes
         return PauseResult(row, elapsed_ms)
+
+    def check_tier(self, name: str) -> None:
+        """422 for a tier name this daemon does not know or has not enabled."""
+        self._tier_candidates(name)
 
     def _tier_candidates(self, name: str, persistent_only: bool = False) -> list[HostTier]:
         """The tiers a pause may use, in order; 422 for an unknown or disabled tier."""
@@ -613,6 +631,79 @@ class Parking:
         if self.options.checksum_tiers and tier.name in self.options.checksum_tiers:
             return checksum(tier, slots)
         return None
+
+    def keep(
+        self,
+        tenant: str,
+        session_id: str,
+        tool: str | None,
+        expected_resume_s: float | None,
+        why: str,
+    ) -> SessionRow:
+        """Record a pause the policy decided not to park: the KV stays in the pool.
+
+        The session is marked as waiting on its tool (paused_at, tool, expected resume),
+        so the tool's real duration is learned when it returns, and the idle and pressure
+        rules can still park it if the wait runs long or the pool needs the room.
+        """
+        self._refuse_if_draining()
+        live = self._live(tenant, session_id)
+        with self._operation(live, "pause"):
+            row = live.row
+            if row.state != State.ACTIVE:
+                return row  # parked or lost already: nothing to keep
+            now = time.time()
+            event = self._event(row, "keep", now, from_state=State.ACTIVE, to_state=State.ACTIVE)
+            event.reason, event.detail = "break_even", why[:1024]
+            event.bytes = row.kv_bytes
+            row.paused_at, row.tool = now, tool
+            row.expected_resume_at = None if expected_resume_s is None else now + expected_resume_s
+            self._commit(row, event)
+            return row
+
+    def _make_room(self, live: _Live, needed: int) -> None:
+        """Park idle sessions, least recently used first, until ``needed`` blocks are free.
+
+        Never one that an operation holds (a generate in flight), never the caller. If
+        parking every idle session would still not make room, park none: the caller's
+        allocation then fails with 507 and the numbers.
+        """
+        alloc = self.engine.allocator
+        if needed <= alloc.num_free:
+            return
+        with self._registry_lock:
+            idle = [
+                other
+                for other in self._sessions.values()
+                if other is not live
+                and other.row.state == State.ACTIVE
+                and other.block_table
+                and not other.lock.locked()
+            ]
+        if alloc.num_free + sum(len(o.block_table) for o in idle) < needed:
+            return
+        for other in sorted(idle, key=lambda o: o.row.last_active_at):
+            if alloc.num_free >= needed:
+                return
+            try:
+                self.pause(other.row.tenant, other.row.session_id, reason="pressure")
+            except AgentparkError as exc:  # busy by now, or no tier has room
+                log.info("pressure: could not park %s: %s", other.key, exc.message)
+
+    def _observe_tool_return(self, live: _Live) -> None:
+        """The agent is back from its tool: record how long the tool took (learned pauses)."""
+        row = live.row
+        if row.tool is None or row.paused_at is None:
+            return
+        now = time.time()
+        event = self._event(row, "tool_return", now, to_state=row.state)
+        event.detail, event.duration_ms = row.tool, (now - row.paused_at) * 1e3
+        row.tool, row.expected_resume_at = None, None
+        self._commit(row, event)
+
+    def _measured(self, nbytes: int, elapsed_ms: float) -> None:
+        if nbytes > 0 and elapsed_ms > 0:
+            self.bandwidth_bps = 0.8 * self.bandwidth_bps + 0.2 * nbytes / (elapsed_ms / 1e3)
 
     # ---- move -----------------------------------------------------------------------
 
@@ -661,7 +752,7 @@ class Parking:
         event = self._event(row, "move", now, from_state=State.PARKED, to_state=State.PARKED)
         event.from_tier, event.to_tier, event.reason = src.name, dst.name, reason
         event.bytes, event.duration_ms = row.kv_bytes, elapsed_ms
-        row.tier, row.parked_handle = dst.name, {"slots": slots}
+        row.tier, row.parked_handle, row.tier_since = dst.name, {"slots": slots}, now
         row.checksum = digest or row.checksum
         self._commit(row, event)
         return MoveResult(row, src.name, elapsed_ms)
@@ -678,6 +769,8 @@ class Parking:
         try:
             row = live.row
             if row.state == State.ACTIVE:
+                if reason != "prefetch":
+                    self._observe_tool_return(live)
                 self._release(live)
                 return ResumeResult(row, "pool", 0.0)
             if row.state not in (State.PARKED, State.LOST):
@@ -732,10 +825,14 @@ class Parking:
             self.counters.bytes_restored += event.bytes
         del from_tier
         row.state, row.tier, row.parked_handle, row.lost_reason = State.ACTIVE, None, None, None
-        row.checksum = None
+        row.checksum, row.tier_since = None, None
         row.last_active_at = now
+        if restored_from != "recompute" and elapsed_ms > 0:
+            self._measured(event.bytes, elapsed_ms)
         self._sync_kv(live)
         self._commit(row, event)
+        if reason not in ("prefetch", "generate"):
+            self._observe_tool_return(live)
         return ResumeResult(row, restored_from, elapsed_ms)
 
     def _verify(self, live: _Live) -> bool:

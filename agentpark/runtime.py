@@ -6,14 +6,17 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from agentpark.config import Settings
+from agentpark.config import PolicySettings, Settings, load_settings
 from agentpark.dma import select_transfer
 from agentpark.engine.base import PoolGeometry
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
+from agentpark.errors import ConfigError, InvalidRequestError
 from agentpark.history import HostSampler
 from agentpark.metrics import Metrics
 from agentpark.parking import Parking, ParkingOptions
+from agentpark.policy.service import PolicyService
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
@@ -36,11 +39,13 @@ class Runtime:
     parking: Parking
     metrics: Metrics
     sampler: HostSampler
+    policy: PolicyService
     ready: threading.Event = field(default_factory=threading.Event)
     drained: bool = False
+    config_path: Path | None = None  # what SIGHUP and /v1/admin/reload read again
 
     @classmethod
-    def start(cls, settings: Settings) -> Runtime:
+    def start(cls, settings: Settings, config_path: Path | None = None) -> Runtime:
         """Migrate the database, build every part, re-attach sessions from SQLite."""
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         upgrade(settings.database_url)
@@ -77,7 +82,10 @@ class Runtime:
         metrics = Metrics(parking, host_label(settings), ready.is_set, engine.model_uid)
         parking.listeners.append(metrics.observe)
         sampler = HostSampler(parking.host, SampleStore(db_engine, db_sessions), settings.dashboard)
-        return cls(settings, store, engine, parking, metrics, sampler, ready)
+        policy = PolicyService(parking, settings.policy)
+        return cls(
+            settings, store, engine, parking, metrics, sampler, policy, ready, False, config_path
+        )
 
     def warm_up(self) -> None:
         """Compile the engine's and the restore path's shapes, then report ready (/readyz)."""
@@ -92,9 +100,26 @@ class Runtime:
             return
         self.ready.set()
         log.info("engine warm; ready")
+        self.policy.start()
+
+    def reload_policy(self) -> PolicySettings:
+        """Re-read the config file (and AGENTPARK_*) and apply its policy section.
+
+        A file that does not validate is refused with the reason; the old policy stays.
+        Other sections need a restart and are left as they are.
+        """
+        try:
+            fresh = load_settings(self.config_path)
+        except ConfigError as exc:
+            raise InvalidRequestError(
+                f"config refused, the old policy stays: {exc.message}", config=str(self.config_path)
+            ) from None
+        self.policy.reload(fresh.policy)
+        return fresh.policy
 
     def shutdown(self) -> None:
         """Finish background copies, drain to persistent tiers if configured, close."""
+        self.policy.stop()
         self.parking.close()
         if self.settings.shutdown.drain and not self.drained:
             self.drain()

@@ -23,6 +23,8 @@ TINY = {
     "model": {"max_seq_len": 512},
     "pool": {"block_size": 16, "num_blocks": 64},
     "tiers": {"dram": {"capacity": 32 * 4096}},
+    # No idle parking unless a test asks: a slow machine must not park sessions mid-test.
+    "policy": {"idle_pause_after_s": 0, "tick_s": 0.05},
 }
 
 

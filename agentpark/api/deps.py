@@ -11,7 +11,7 @@ from agentpark.errors import InvalidRequestError, NotReadyError
 from agentpark.parking import Parking
 from agentpark.runtime import Runtime
 
-__all__ = ["ParkingDep", "ReadyParkingDep", "RuntimeDep", "TenantDep"]
+__all__ = ["ParkingDep", "ReadyParkingDep", "ReadyRuntimeDep", "RuntimeDep", "TenantDep"]
 
 TENANT_HEADER = "X-Agentpark-Tenant"
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -48,6 +48,14 @@ def get_tenant(
     return tenant
 
 
+def get_ready_runtime(runtime: RuntimeDep) -> Runtime:
+    """The runtime, for routes that run the engine: 503 until warm-up has finished."""
+    if not runtime.ready.is_set():
+        raise NotReadyError("the engine is still warming up; retry shortly")
+    return runtime
+
+
+ReadyRuntimeDep = Annotated[Runtime, Depends(get_ready_runtime)]
 ParkingDep = Annotated[Parking, Depends(get_parking)]
 ReadyParkingDep = Annotated[Parking, Depends(get_ready_parking)]
 TenantDep = Annotated[str, Depends(get_tenant)]

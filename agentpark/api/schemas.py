@@ -61,6 +61,7 @@ class PauseRequest(_Request):
     tool: str | None = Field(None, max_length=128, description="the tool the agent is running")
     expected_resume_s: float | None = Field(None, ge=0.0)
     tier: TierName = "auto"
+    force: bool = Field(False, description="park even when the policy would keep it")
 
 
 def _ts(value: float | None) -> datetime | None:
@@ -131,6 +132,13 @@ class MoveRequest(_Request):
 
 class PauseResponse(BaseModel):
     session_id: str
+    decision: Literal["parked", "kept"] = Field(
+        description="kept: the pause is shorter than the round trip would cost (break-even)"
+    )
+    why: str
+    expected_pause_s: float | None = Field(
+        description="the estimate the decision used: the caller's, the tool's learned or prior"
+    )
     state: str = Field(description="parked; pausing while a wait=false copy is in flight")
     tier: str | None
     kv_bytes: int

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Response, status
 
-from agentpark.api.deps import ParkingDep, ReadyParkingDep, TenantDep
+from agentpark.api.deps import ParkingDep, ReadyParkingDep, ReadyRuntimeDep, TenantDep
 from agentpark.api.schemas import (
     GenerateRequest,
     GenerateResponse,
@@ -96,26 +96,44 @@ WaitQuery = Annotated[
 
 @router.post("/{session_id}/pause", responses={202: {"model": PauseResponse}})
 def pause_session(
-    parking: ReadyParkingDep,
+    runtime: ReadyRuntimeDep,
     tenant: TenantDep,
     session_id: str,
     response: Response,
     body: Annotated[PauseRequest | None, Body()] = None,
     wait: WaitQuery = True,
 ) -> PauseResponse:
+    """The agent called a tool: park its KV, unless the pause is too short to be worth it."""
     body = body or PauseRequest()
-    result = parking.pause(
-        tenant, session_id, body.tier, body.tool, body.expected_resume_s, wait=wait
-    )
-    if result.pause_ms is None:
-        response.status_code = status.HTTP_202_ACCEPTED
-    row = result.row
+    parking, policy = runtime.parking, runtime.policy
+    parking.check_tier(body.tier)
+    row = parking.get(tenant, session_id)
+    expected: float | None = body.expected_resume_s
+    if body.force or row.state != "active" or not policy.config.enabled:
+        why = "forced by the caller" if body.force else "policy disabled or not active"
+        park = True
+    else:
+        advice = policy.advise_pause(row.kv_bytes, body.tool, body.expected_resume_s)
+        park, why, expected = advice.decision.park, advice.decision.why, advice.expected_s
+    if park:
+        result = parking.pause(
+            tenant, session_id, body.tier, body.tool, body.expected_resume_s, wait=wait
+        )
+        row, pause_ms = result.row, result.pause_ms
+        if pause_ms is None:
+            response.status_code = status.HTTP_202_ACCEPTED
+    else:
+        row = parking.keep(tenant, session_id, body.tool, expected, why)
+        pause_ms = 0.0
     return PauseResponse(
         session_id=session_id,
+        decision="parked" if park else "kept",
+        why=why,
+        expected_pause_s=expected,
         state=row.state,
         tier=row.tier,
         kv_bytes=row.kv_bytes,
-        pause_ms=result.pause_ms,
+        pause_ms=pause_ms,
     )
 
 

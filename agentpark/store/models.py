@@ -49,6 +49,8 @@ class SessionRow(Base):
     pause_count: Mapped[int] = mapped_column(Integer, default=0)
     tool: Mapped[str | None] = mapped_column(String(128))
     expected_resume_at: Mapped[float | None] = mapped_column(Float)
+    # When the parked copy entered its current tier: demotion by age counts from here.
+    tier_since: Mapped[float | None] = mapped_column(Float)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
     # int32 little-endian token ids: the log a lost session is recomputed from.
     token_log: Mapped[bytes] = mapped_column(LargeBinary, default=b"")

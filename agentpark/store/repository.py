@@ -74,6 +74,19 @@ class SessionStore:
                 stmt = stmt.where(EventRow.session_id == session_id)
             return db.scalars(stmt.order_by(EventRow.id.desc()).limit(limit)).all()
 
+    def tool_returns(self, per_tool: int) -> list[EventRow]:
+        """The newest ``per_tool`` tool_return events of each tool, oldest first."""
+        with self._factory() as db:
+            stmt = select(EventRow).where(EventRow.kind == "tool_return")
+            rows = db.scalars(stmt.order_by(EventRow.id.desc())).all()
+        kept: dict[str | None, int] = {}
+        out: list[EventRow] = []
+        for row in rows:
+            if kept.get(row.detail, 0) < per_tool:
+                kept[row.detail] = kept.get(row.detail, 0) + 1
+                out.append(row)
+        return out[::-1]
+
     def count_by_state(self) -> dict[str, int]:
         with self._factory() as db:
             stmt = select(SessionRow.state, func.count()).group_by(SessionRow.state)

@@ -148,7 +148,11 @@ def test_bad_tenant_cursor_and_state_filters_are_422(warm: Daemon) -> None:
 def test_pool_full_on_generate_is_507_with_the_numbers(
     make_settings: Callable[..., Settings], daemon_factory: Callable[[Settings], Daemon]
 ) -> None:
-    daemon = daemon_factory(make_settings(pool={"num_blocks": 8}, model={"max_seq_len": 128}))
+    # No tier to park the idle "hog" into, so making room by pressure is impossible.
+    no_tiers = {"dram": {"capacity": 0}, "shm": {"capacity": 0}}
+    daemon = daemon_factory(
+        make_settings(pool={"num_blocks": 8}, model={"max_seq_len": 128}, tiers=no_tiers)
+    )
     c = daemon.client
     c.post("/v1/sessions", json={"session_id": "hog"})
     c.post("/v1/sessions/hog/generate", json={"prompt_tokens": [1] * 90, "max_new_tokens": 6})

@@ -33,6 +33,9 @@ def test_pause_resume_continues_bit_exact_like_a_never_paused_twin(daemon: Daemo
     assert paused.status_code == 200
     assert paused.json() | {"pause_ms": 0} == {
         "session_id": "parked",
+        "decision": "parked",
+        "why": "no expected pause duration: parking frees the pool",
+        "expected_pause_s": None,
         "state": "parked",
         "tier": "dram",
         "kv_bytes": kv_bytes,
@@ -95,12 +98,14 @@ def test_events_record_every_transition_with_bytes_and_durations(daemon: Daemon)
     c.post("/v1/sessions/e/resume")
     assert c.delete("/v1/sessions/e").status_code == 204
     events = c.get("/v1/events", params={"session_id": "e"}).json()["events"]
-    assert [e["kind"] for e in events] == ["delete", "resume", "pause", "generate", "create"]
-    pause = events[2]
+    kinds = [e["kind"] for e in events]
+    assert kinds == ["delete", "tool_return", "resume", "pause", "generate", "create"]
+    pause = events[3]
     kv_bytes = pause["bytes"]
     assert kv_bytes > 0 and pause["to_tier"] == "dram" and pause["detail"] == "tool=code_run"
-    assert events[1]["bytes"] == kv_bytes and events[1]["from_tier"] == "dram"
-    assert all(e["duration_ms"] is not None for e in events[1:4])
+    assert events[2]["bytes"] == kv_bytes and events[2]["from_tier"] == "dram"
+    assert all(e["duration_ms"] is not None for e in events[1:5])
+    assert events[1]["detail"] == "code_run"  # how long the tool took, learned per tool
 
 
 def test_delete_frees_blocks_and_keeps_the_row_as_history(daemon: Daemon) -> None:

@@ -1,0 +1,169 @@
+"""Policy rules: pure functions of (now, session, host, config) -> action.
+
+No I/O, no clock, no locks: the loop (agentpark.policy.loop) takes a snapshot, asks these,
+and carries the actions out through parking. That keeps every rule table-testable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agentpark.config import PolicySettings
+
+__all__ = [
+    "Demote",
+    "HostView",
+    "Park",
+    "PauseDecision",
+    "Prefetch",
+    "SessionView",
+    "demote_rule",
+    "idle_rule",
+    "pause_decision",
+    "prefetch_rule",
+    "pressure_rule",
+]
+
+TIER_ORDER = ("dram", "shm", "disk")
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """What the rules may know about one session."""
+
+    key: tuple[str, str]
+    state: str
+    tier: str | None
+    kv_blocks: int
+    kv_bytes: int
+    last_active_at: float
+    busy: bool  # an operation (generate, pause, ...) holds it right now
+    tier_since: float | None = None
+    expected_resume_at: float | None = None
+
+
+@dataclass(frozen=True)
+class HostView:
+    total_blocks: int
+    used_blocks: int
+    block_bytes: int
+    bandwidth_bps: float  # measured pause/restore bytes per second on this host
+    tiers: tuple[str, ...] = ()  # enabled tiers, in auto order
+
+
+@dataclass(frozen=True)
+class Park:
+    key: tuple[str, str]
+    reason: str  # idle | pressure
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    key: tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Demote:
+    key: tuple[str, str]
+    to_tier: str
+
+
+@dataclass(frozen=True)
+class PauseDecision:
+    park: bool
+    why: str
+
+
+def _idle_candidate(s: SessionView) -> bool:
+    return s.state == "active" and s.kv_blocks > 0 and not s.busy
+
+
+def idle_rule(now: float, s: SessionView, cfg: PolicySettings) -> Park | None:
+    """Park a session no generate or resume has touched for idle_pause_after_s."""
+    if cfg.idle_pause_after_s <= 0 or not _idle_candidate(s):
+        return None
+    if now - s.last_active_at >= cfg.idle_pause_after_s:
+        return Park(s.key, "idle")
+    return None
+
+
+def pressure_rule(
+    sessions: Sequence[SessionView], host: HostView, cfg: PolicySettings
+) -> list[Park]:
+    """Above the watermark, park idle sessions least recently used first until below it."""
+    limit = cfg.hbm_high_watermark * host.total_blocks
+    used = host.used_blocks
+    if used <= limit:
+        return []
+    actions: list[Park] = []
+    for s in sorted(filter(_idle_candidate, sessions), key=lambda v: v.last_active_at):
+        if used <= limit:
+            break
+        actions.append(Park(s.key, "pressure"))
+        used -= s.kv_blocks
+    return actions
+
+
+def restore_seconds(kv_bytes: int, host: HostView, cfg: PolicySettings) -> float:
+    """What bringing ``kv_bytes`` back costs on this host (one direction)."""
+    return kv_bytes / max(host.bandwidth_bps, 1.0) + cfg.overhead_s / 2
+
+
+def prefetch_rule(
+    now: float, s: SessionView, host: HostView, cfg: PolicySettings
+) -> Prefetch | None:
+    """Restore a parked session ahead of its expected resume, if the pool has room."""
+    if s.state != "parked" or s.busy or s.expected_resume_at is None:
+        return None
+    start_at = s.expected_resume_at - cfg.prefetch_lead_s - restore_seconds(s.kv_bytes, host, cfg)
+    if now < start_at:
+        return None
+    room = cfg.hbm_high_watermark * host.total_blocks - host.used_blocks
+    return Prefetch(s.key) if s.kv_blocks <= room else None
+
+
+def demote_rule(now: float, s: SessionView, host: HostView, cfg: PolicySettings) -> Demote | None:
+    """Move a parked session to the next enabled tier once it has sat long enough."""
+    if s.state != "parked" or s.busy or s.tier is None or s.tier_since is None:
+        return None
+    after = cfg.demote_after_s.get(s.tier)  # type: ignore[call-overload]
+    if after is None or now - s.tier_since < after:
+        return None
+    if s.tier not in TIER_ORDER:
+        return None
+    lower = [t for t in TIER_ORDER[TIER_ORDER.index(s.tier) + 1 :] if t in host.tiers]
+    return Demote(s.key, lower[0]) if lower else None
+
+
+def pause_decision(
+    expected_s: float | None,
+    expected_source: str,
+    kv_bytes: int,
+    host: HostView,
+    cfg: PolicySettings,
+) -> PauseDecision:
+    """Break-even: park only when the pause outlasts what the round trip would cost.
+
+    The round trip is the copy out and back at the measured bandwidth, plus overhead;
+    ``min_pause_s`` is a floor an operator sets for costs this model does not see. Above
+    the watermark the pool needs the room, so the session is parked whatever the estimate.
+    """
+    if host.total_blocks and host.used_blocks > cfg.hbm_high_watermark * host.total_blocks:
+        return PauseDecision(True, "pool is above hbm_high_watermark: it needs the room")
+    if expected_s is None:
+        return PauseDecision(True, "no expected pause duration: parking frees the pool")
+    round_trip = 2 * restore_seconds(kv_bytes, host, cfg)
+    threshold = max(cfg.min_pause_s, round_trip)
+    if expected_s < threshold:
+        return PauseDecision(
+            False,
+            f"expected pause {expected_s:.3g}s ({expected_source}) is shorter than the "
+            f"break-even {threshold:.3g}s (round trip {round_trip * 1e3:.3g} ms, "
+            f"min_pause_s {cfg.min_pause_s:g}s)",
+        )
+    return PauseDecision(
+        True,
+        f"expected pause {expected_s:.3g}s ({expected_source}) outlasts the break-even "
+        f"{threshold:.3g}s",
+    )
