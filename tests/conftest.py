@@ -97,13 +97,13 @@ class Daemon:
         assert not self.thread.is_alive(), "daemon did not stop"
 
 
-def start_daemon(settings: Settings) -> Daemon:
+def start_daemon(settings: Settings, config_path: Path | None = None) -> Daemon:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)  # connections queue here until uvicorn accepts: no start-up polling
     port = sock.getsockname()[1]
-    app = create_app(settings)
+    app = create_app(settings, config_path)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     app.state.request_shutdown = lambda: setattr(server, "should_exit", True)
@@ -225,7 +225,7 @@ def daemon_process() -> Iterator[Callable[[Path, int], DaemonProcess]]:
 def write_config(path: Path, settings: Settings) -> Path:
     """The settings as a TOML file a child process can read."""
     lines = [f'state_dir = "{settings.state_dir}"']
-    for section in ("model", "pool", "limits", "integrity", "shutdown"):
+    for section in ("model", "pool", "limits", "integrity", "shutdown", "policy"):
         lines.append(f"[{section}]")
         for key, value in getattr(settings, section).model_dump().items():
             lines.append(f"{key} = {_toml(value)}")
@@ -245,4 +245,6 @@ def _toml(value: Any) -> str:
         return repr(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
     return f'"{value}"'

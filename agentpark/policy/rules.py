@@ -152,7 +152,9 @@ def pause_decision(
     if host.total_blocks and host.used_blocks > cfg.hbm_high_watermark * host.total_blocks:
         return PauseDecision(True, "pool is above hbm_high_watermark: it needs the room")
     if expected_s is None:
-        return PauseDecision(True, "no expected pause duration: parking frees the pool")
+        return PauseDecision(
+            True, f"no expected pause duration ({expected_source}): parking frees the pool"
+        )
     round_trip = 2 * restore_seconds(kv_bytes, host, cfg)
     threshold = max(cfg.min_pause_s, round_trip)
     if expected_s < threshold:

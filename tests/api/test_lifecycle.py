@@ -34,7 +34,8 @@ def test_pause_resume_continues_bit_exact_like_a_never_paused_twin(daemon: Daemo
     assert paused.json() | {"pause_ms": 0} == {
         "session_id": "parked",
         "decision": "parked",
-        "why": "no expected pause duration: parking frees the pool",
+        "why": "no expected pause duration (tool web_search never seen and has no prior): "
+        "parking frees the pool",
         "expected_pause_s": None,
         "state": "parked",
         "tier": "dram",
