@@ -42,7 +42,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 def host_daemon(
     make_settings: Callable[..., Settings], daemon_factory: Callable[[Settings], Daemon]
 ) -> Daemon:
-    return daemon_factory(make_settings(dashboard={"host_label": HOST}))
+    return daemon_factory(make_settings(dashboard={"host_label": HOST}, policy={"enabled": False}))
 
 
 def _event(daemon: Daemon, session_id: str, kind: str) -> dict[str, Any]:
@@ -180,7 +180,9 @@ def test_restore_failure_and_recompute_fallback_are_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # No drain at stop: a session parked in dram is gone after the restart.
-    settings = make_settings(dashboard={"host_label": HOST}, shutdown={"drain": False})
+    settings = make_settings(
+        dashboard={"host_label": HOST}, shutdown={"drain": False}, policy={"enabled": False}
+    )
     first = daemon_factory(settings)
     c = first.client
     c.post("/v1/sessions", json={"session_id": "f"})

@@ -39,10 +39,11 @@
   }
   function fmtDuration(s) {
     if (s === null || s === undefined || isNaN(s)) return "–";
+    var round = function (v) { return Number.isInteger(v) ? String(v) : v.toFixed(1); };
     if (s < 60) return s.toFixed(0) + " s";
     if (s < 3600) return (s / 60).toFixed(0) + " min";
-    if (s < 86400) return (s / 3600).toFixed(1) + " h";
-    return (s / 86400).toFixed(1) + " d";
+    if (s < 86400) return round(s / 3600) + " h";
+    return round(s / 86400) + " d";
   }
   function fmtTime(t, span) {
     var d = new Date(t * 1000);
@@ -302,7 +303,8 @@
         html("td", { "class": "num" }, String(h.host.sessions.parked || 0), tr);
       } else {
         // Down is not zero: no figures at all, and why.
-        html("td", { colspan: "4", "class": "empty", title: h.error || "" }, "down: " + (h.error || "no answer"), tr);
+        var why = (h.error || "no answer").split(":")[0];
+        html("td", { colspan: "4", "class": "empty", title: h.error || "" }, "down: " + why, tr);
       }
       series.push({
         name: label, color: COLORS[i % COLORS.length], down: !h.up,
@@ -339,7 +341,7 @@
       state.refreshS = history.refresh_s || state.refreshS;
       renderHost(host, history);
       renderFigures({ host: host, latency: latency });
-      document.querySelectorAll(".window").forEach(function (n) { n.textContent = "(" + fmtDuration(r) + ")"; });
+      document.querySelectorAll(".window").forEach(function (n) { n.textContent = "last " + fmtDuration(r); });
       renderHistory(history);
       renderParked(parked, history.now);
       renderPeers(peers, history);
