@@ -184,11 +184,20 @@ class Parking:
         # Called with every event after it is committed (metrics, policy); must not raise.
         self.listeners: list[Callable[[EventRow], None]] = []
         self._sessions: dict[tuple[str, str], _Live] = {}
+        # Events written while re-attaching at start, before any listener could be added:
+        # add_listener replays them, so metrics count sessions lost to a restart too.
+        self.startup_events: list[EventRow] = []
         self._registry_lock = threading.Lock()
         self._background = ThreadPoolExecutor(
             self.options.background_workers, thread_name_prefix="agentpark-copy"
         )
         self._reconcile()
+
+    def add_listener(self, listener: Callable[[EventRow], None]) -> None:
+        """Call ``listener`` with every committed event, starting with those of start-up."""
+        for event in self.startup_events:
+            listener(event)
+        self.listeners.append(listener)
 
     def close(self) -> None:
         """Wait for background copies (wait=false pauses and resumes) to finish."""
@@ -213,6 +222,7 @@ class Parking:
                 event.bytes = row.kv_bytes
                 self._mark_lost(live, reason)
                 self.store.save(row, event)
+                self.startup_events.append(event)
             elif row.state not in (State.PARKED, State.LOST, State.ACTIVE):
                 row.state = State.ACTIVE  # no tokens, so no KV to lose
                 self.store.save(row)

@@ -80,7 +80,7 @@ class Runtime:
         )
         ready = threading.Event()
         metrics = Metrics(parking, host_label(settings), ready.is_set, engine.model_uid)
-        parking.listeners.append(metrics.observe)
+        parking.add_listener(metrics.observe)
         sampler = HostSampler(parking.host, SampleStore(db_engine, db_sessions), settings.dashboard)
         policy = PolicyService(parking, settings.policy)
         return cls(

@@ -205,6 +205,7 @@ def test_restore_failure_and_recompute_fallback_are_counted(
     second = daemon_factory(settings)
     restarted = scrape(second)
     assert value(restarted, "agentpark_sessions", state="lost") == 1
+    assert value(restarted, "agentpark_sessions_lost_total", reason="restart") == 1
     assert value(restarted, "agentpark_restore_failures_total", tier="dram") == 0  # new process
     assert second.client.post("/v1/sessions/f/resume").json()["restored_from"] == "recompute"
     samples = scrape(second)

@@ -51,7 +51,7 @@ class PolicyService:
         self.config = config
         self.tools = ToolStats(config.tool_window)
         self.tools.load(parking.store.tool_returns(config.tool_window))
-        parking.listeners.append(self.tools.on_event)
+        parking.add_listener(self.tools.on_event)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
