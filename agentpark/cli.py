@@ -62,10 +62,59 @@ def _parser() -> argparse.ArgumentParser:
         "transfer", help="pause/restore GB/s vs np.copyto at 64 MiB, 256 MiB, 1 GiB"
     )
     transfer.add_argument(
+        "--tier", choices=("dram", "shm", "disk"), default="dram", help="tier to park into"
+    )
+    transfer.add_argument(
         "--sizes", default="64MiB,256MiB,1GiB", help="comma-separated KV sizes per session"
     )
     transfer.add_argument("--repeats", type=int, default=5, help="runs per size (median)")
+    transfer.add_argument(
+        "--dir",
+        type=Path,
+        help="where the tier's temporary directory goes (disk: default the current "
+        "directory, never tmpfs; shm: default /dev/shm)",
+    )
     transfer.set_defaults(run=_bench_transfer)
+    resume = bench_sub.add_parser(
+        "resume", help="resume from dram and shm vs re-prefill from the token log"
+    )
+    resume.add_argument(
+        "--contexts", default="1024,4096,16384", help="comma-separated context lengths (tokens)"
+    )
+    resume.add_argument("--repeats", type=int, default=3, help="runs per context (median)")
+    resume.set_defaults(run=_bench_resume)
+    agents = bench_sub.add_parser(
+        "agents",
+        help="N agents with tool calls on one pool: keep-all, always-recompute, always-park "
+        "and the adaptive policy, on a real daemon",
+    )
+    agents.add_argument("--agents", type=int, default=24, help="concurrent agents (default 24)")
+    agents.add_argument("--turns", type=int, default=8, help="turns per agent (default 8)")
+    agents.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    agents.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.1,
+        help="multiplies every tool duration and the policy's times (default 0.1)",
+    )
+    agents.add_argument(
+        "--pool-ratio",
+        type=float,
+        default=3.0,
+        help="the agents' KV at their final lengths over the pool size (default 3)",
+    )
+    agents.add_argument(
+        "--policies",
+        default="keep-all,always-recompute,always-park,adaptive",
+        help="comma-separated policies to run, in order",
+    )
+    agents.add_argument(
+        "--plot",
+        type=Path,
+        default=Path("bench-agents.png"),
+        help="PNG of sessions in the pool over time (needs matplotlib: the bench extra)",
+    )
+    agents.set_defaults(run=_bench_agents)
     return parser
 
 
@@ -164,7 +213,31 @@ def _bench_transfer(args: argparse.Namespace) -> int:
     from agentpark.bench.transfer import run_transfer_bench
 
     sizes = [_parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    return run_transfer_bench(sizes, repeats=args.repeats)
+    return run_transfer_bench(sizes, repeats=args.repeats, tier=args.tier, directory=args.dir)
+
+
+def _bench_resume(args: argparse.Namespace) -> int:
+    from agentpark.bench.resume import run_resume_bench
+
+    try:
+        contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
+    except ValueError:
+        raise SystemExit(f"agentpark: cannot read --contexts {args.contexts!r}") from None
+    return run_resume_bench(contexts, repeats=args.repeats)
+
+
+def _bench_agents(args: argparse.Namespace) -> int:
+    from agentpark.bench.agents import WorkloadSpec, run_agents_bench
+
+    spec = WorkloadSpec(
+        agents=args.agents,
+        turns=args.turns,
+        seed=args.seed,
+        time_scale=args.time_scale,
+        pool_ratio=args.pool_ratio,
+    )
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    return run_agents_bench(spec, policies=policies, plot=args.plot)
 
 
 def _parse_size(text: str) -> int:

@@ -1,27 +1,39 @@
 """``agentpark bench transfer``: pause/restore GB/s through the real control plane.
 
-For each size, one session holding that much KV is paused to the DRAM tier and resumed
-through :meth:`agentpark.parking.Parking.pause` / :meth:`~agentpark.parking.Parking.resume`
-(SQLite row and event writes included), ``repeats`` times. Each repeat is interleaved with a
-plain ``np.copyto`` between two preallocated, pre-faulted buffers of the same size, so
-machine noise hits the reference and the measurement alike; the table reports medians,
-min-max spreads and the ratio of each direction to the reference (DESIGN.md section 10).
+For each size, one session holding that much KV is paused to one tier (``dram``, ``shm`` or
+``disk``) and resumed through :meth:`agentpark.parking.Parking.pause` /
+:meth:`~agentpark.parking.Parking.resume` (SQLite row and event writes included), ``repeats``
+times. Each repeat is interleaved with a plain ``np.copyto`` between two preallocated,
+pre-faulted buffers of the same size, so machine noise hits the reference and the measurement
+alike; the table reports medians, min-max spreads and the ratio of each direction to the
+reference (DESIGN.md section 10). For the disk tier each repeat also writes (``os.pwrite`` +
+``os.fsync``) and reads back (``os.preadv``) a plain preallocated file of the same size on the
+same filesystem, and pause and restore are judged against those.
+
+Checksums are off for the throughput rows. What they cost is measured separately in the same
+repeats: :func:`agentpark.integrity.checksum` (xxh3) over the parked copy, which is the call a
+pause makes when the tier is checksummed and the call a resume makes to verify it.
 
 Sessions get their KV synthetically (no model step is compiled for a huge context): seeded
 random pages are written into the pool by the DMA core itself, from a scratch DRAM tier, and
-the session is then handed those blocks (see :meth:`Parking.adopt_kv`). Once per size, before and
-after the timed repeats, the pool rows after a resume are compared with the parked bytes;
+the session is then handed those blocks (see :meth:`Parking.adopt_kv`). Once per size, before
+and after the timed repeats, the pool rows after a resume are compared with the parked bytes;
 any difference makes the bench exit 1.
+
+The shm and disk tier files live in a temporary directory (under /dev/shm, and under the
+current directory or ``directory``) that is removed at the end, also on error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import math
+import os
+import shutil
 import statistics
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,25 +41,51 @@ from pathlib import Path
 import jax
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agentpark.bench.common import (
+    MEMORY_FILESYSTEMS,
+    GiB,
+    KiB,
+    MiB,
+    filesystem_of,
+    first_mismatch,
+    human,
+    pool_mismatch,
+    prefaulted,
+    progress_bar,
+    spread,
+    stdout_console,
+    timed,
+)
 from agentpark.dma.host_copy import HostCopyTransfer
 from agentpark.engine.base import EngineAdapter
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
+from agentpark.integrity import checksum
 from agentpark.parking import Parking, ParkingOptions, State
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
+from agentpark.tiers.base import HostTier
+from agentpark.tiers.disk import DiskTier
 from agentpark.tiers.dram import DramTier
+from agentpark.tiers.shm import ShmTier
 
-__all__ = ["SizeResult", "first_mismatch", "run_transfer_bench"]
+__all__ = [
+    "SHM_ROOT",
+    "TIERS",
+    "PlainFile",
+    "SizeResult",
+    "first_mismatch",
+    "run_transfer_bench",
+]
 
-KiB = 1 << 10
-MiB = 1 << 20
-GiB = 1 << 30
-TARGET_RATIO = 0.7
-"""Pause and restore should reach this fraction of np.copyto at TARGET_FROM bytes and up."""
+TIERS = ("dram", "shm", "disk")
+SHM_ROOT = Path("/dev/shm")
+TARGET_RATIO = 0.85
+"""dram and shm: pause and restore should reach this fraction of np.copyto from TARGET_FROM."""
+DISK_TARGET_RATIO = 0.8
+"""disk: pause and restore should reach this fraction of a plain file write / read."""
 TARGET_FROM = 256 * MiB
 
 # A KV geometry of a mid-sized model: 4 layers x K,V x 8 KV heads x 128 dims x 2 bytes
@@ -65,10 +103,14 @@ class SizeResult:
     """What one size measured; times in seconds, one entry per repeat."""
 
     size: int
+    tier: str = "dram"
     pause_s: list[float] = field(default_factory=list)
     restore_s: list[float] = field(default_factory=list)
     copy_before_pause_s: list[float] = field(default_factory=list)
     copy_before_restore_s: list[float] = field(default_factory=list)
+    checksum_s: list[float] = field(default_factory=list)  # xxh3 over the parked copy
+    file_write_s: list[float] = field(default_factory=list)  # disk: pwrite + fsync
+    file_read_s: list[float] = field(default_factory=list)  # disk: preadv
     mismatch: str | None = None  # why the restored bytes differ; None when bit-exact
 
     @property
@@ -95,124 +137,287 @@ class SizeResult:
         return self._gbps(self.copy_before_restore_s)
 
     @property
+    def checksum_gbps(self) -> list[float]:
+        return self._gbps(self.checksum_s)
+
+    @property
+    def file_write_gbps(self) -> list[float]:
+        return self._gbps(self.file_write_s)
+
+    @property
+    def file_read_gbps(self) -> list[float]:
+        return self._gbps(self.file_read_s)
+
+    @property
     def pause_ratios(self) -> list[float]:
         """Per repeat: pause GB/s over the np.copyto run just before it."""
-        return [p / c for p, c in zip(self.pause_gbps, self.copy_before_pause_gbps, strict=True)]
+        return _ratios(self.pause_gbps, self.copy_before_pause_gbps)
 
     @property
     def restore_ratios(self) -> list[float]:
         """Per repeat: restore GB/s over the np.copyto run just before it."""
-        pairs = zip(self.restore_gbps, self.copy_before_restore_gbps, strict=True)
-        return [r / c for r, c in pairs]
+        return _ratios(self.restore_gbps, self.copy_before_restore_gbps)
+
+    @property
+    def pause_file_ratios(self) -> list[float]:
+        """Per repeat (disk): pause GB/s over the plain file write + fsync just before it."""
+        return _ratios(self.pause_gbps, self.file_write_gbps)
+
+    @property
+    def restore_file_ratios(self) -> list[float]:
+        """Per repeat (disk): restore GB/s over the plain file read just before it."""
+        return _ratios(self.restore_gbps, self.file_read_gbps)
+
+    @property
+    def checksum_ratios(self) -> list[float]:
+        """Per repeat: xxh3 GB/s over the np.copyto run of the same repeat."""
+        return _ratios(self.checksum_gbps, self.copy_before_pause_gbps)
+
+    @property
+    def checksum_pause_cost(self) -> float:
+        """What checksumming adds to a pause: median xxh3 time over median pause time."""
+        return statistics.median(self.checksum_s) / statistics.median(self.pause_s)
+
+    @property
+    def checksum_restore_cost(self) -> float:
+        """What verifying adds to a restore: median xxh3 time over median restore time."""
+        return statistics.median(self.checksum_s) / statistics.median(self.restore_s)
+
+    def judged(self) -> list[tuple[str, list[float], float]]:
+        """``(name, per-repeat ratios, target)`` for the targets of this tier."""
+        if self.tier == "disk":
+            return [
+                ("pause/file write", self.pause_file_ratios, DISK_TARGET_RATIO),
+                ("restore/file read", self.restore_file_ratios, DISK_TARGET_RATIO),
+            ]
+        return [
+            ("pause", self.pause_ratios, TARGET_RATIO),
+            ("restore", self.restore_ratios, TARGET_RATIO),
+        ]
+
+
+def _ratios(values: Sequence[float], references: Sequence[float]) -> list[float]:
+    return [v / r for v, r in zip(values, references, strict=True)]
+
+
+class PlainFile:
+    """The disk reference: a preallocated file written with ``os.pwrite`` + ``os.fsync`` and
+    read back with ``os.preadv``, from and into pre-faulted buffers."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.size = size
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(self._fd, 0, size)
+            os.fsync(self._fd)
+        except BaseException:
+            self.close()
+            raise
+
+    def write(self, buf: np.ndarray) -> None:
+        view = buf.reshape(-1).view(np.uint8).data
+        done = 0
+        while done < self.size:
+            done += os.pwrite(self._fd, view[done : self.size], done)
+        os.fsync(self._fd)
+
+    def read(self, buf: np.ndarray) -> None:
+        view = buf.reshape(-1).view(np.uint8).data
+        done = 0
+        while done < self.size:
+            n = os.preadv(self._fd, [view[done : self.size]], done)
+            if n <= 0:
+                raise OSError(f"{self.path}: short read at byte {done} of {self.size}")
+            done += n
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.path.unlink(missing_ok=True)
 
 
 @dataclass
 class _Stack:
-    """The real parts of one daemon, built directly (no HTTP)."""
+    """The real parts of one daemon with the one tier under test, built directly (no HTTP)."""
 
     store: SessionStore
     engine: ReferenceEngine
     transfer: HostCopyTransfer
-    dram: DramTier
+    tier: HostTier
     parking: Parking
 
     @classmethod
-    def build(cls, state_dir: Path, largest: int, block_tokens: int) -> _Stack:
+    def build(
+        cls,
+        state_dir: Path,
+        tier_name: str,
+        tier_dir: Path | None,
+        largest: int,
+        block_tokens: int,
+    ) -> _Stack:
         url = f"sqlite:///{state_dir / 'agentpark.db'}"
         upgrade(url)
         store = SessionStore(*open_database(url))
-        block_nbytes = block_tokens * TOKEN_BYTES
-        largest_blocks = largest // block_nbytes
-        # A margin of free blocks, so a resumed session lands on other block ids than it left.
-        num_blocks = largest_blocks + max(4, largest_blocks // 8)
-        model = dataclasses.replace(_MODEL, max_seq_len=num_blocks * block_tokens)
-        engine = ReferenceEngine(model, PoolSpec(block_size=block_tokens, num_blocks=num_blocks))
-        assert engine.geometry.block_nbytes == block_nbytes
-        transfer = HostCopyTransfer()
-        dram = DramTier(engine.geometry, largest)
-        parking = Parking(store, engine, transfer, [dram], ParkingOptions(max_new_tokens=1))
-        return cls(store, engine, transfer, dram, parking)
+        tier: HostTier | None = None
+        try:
+            block_nbytes = block_tokens * TOKEN_BYTES
+            largest_blocks = largest // block_nbytes
+            # A margin of free blocks, so a resumed session lands on other block ids than it
+            # left.
+            num_blocks = largest_blocks + max(4, largest_blocks // 8)
+            model = dataclasses.replace(_MODEL, max_seq_len=num_blocks * block_tokens)
+            pool = PoolSpec(block_size=block_tokens, num_blocks=num_blocks)
+            engine = ReferenceEngine(model, pool)
+            assert engine.geometry.block_nbytes == block_nbytes
+            tier = _make_tier(tier_name, tier_dir, engine, largest)
+            transfer = HostCopyTransfer()
+            # Compile the restore scatter for every window size before anything is timed.
+            transfer.warmup(engine, tier)
+            # Checksums off: the rows measure the copy; checksum() is timed on its own.
+            options = ParkingOptions(max_new_tokens=1, checksum_tiers=frozenset())
+            parking = Parking(store, engine, transfer, [tier], options)
+        except BaseException:
+            if tier is not None:
+                tier.close()
+            store.close()
+            raise
+        return cls(store, engine, transfer, tier, parking)
 
     def close(self) -> None:
+        self.parking.close()
+        self.tier.close()
         self.store.close()
+
+
+def _make_tier(name: str, tier_dir: Path | None, engine: ReferenceEngine, size: int) -> HostTier:
+    if name == "dram":
+        return DramTier(engine.geometry, size)
+    assert tier_dir is not None
+    if name == "shm":
+        return ShmTier(tier_dir / "shm-tier.bin", engine.geometry, size, engine.model_uid)
+    return DiskTier(tier_dir / "disk-tier.bin", engine.geometry, size, engine.model_uid)
 
 
 def run_transfer_bench(
     sizes: list[int],
     repeats: int,
     *,
+    tier: str = "dram",
+    directory: Path | None = None,
     console: Console | None = None,
     progress_console: Console | None = None,
 ) -> int:
-    """Measure, print the table (to ``console``, stdout by default); 1 if a restore differs.
+    """Measure, print the tables (to ``console``, stdout by default); 1 if a restore differs.
 
-    The progress bar goes to ``progress_console`` (stderr by default). Returns 2 for sizes
-    that cannot be measured (not a whole number of KV tokens) or ``repeats < 1``.
+    ``tier`` is ``dram``, ``shm`` or ``disk``. The shm and disk tier files go in a temporary
+    directory made under ``directory`` (default /dev/shm for shm, the current directory for
+    disk) and removed at the end, also on error; a disk directory on a memory filesystem
+    (tmpfs) is refused. The progress bar goes to ``progress_console`` (stderr by default).
+    Returns 2 for arguments that cannot be measured: sizes that are not a whole number of KV
+    tokens, ``repeats < 1``, an unknown tier, or a directory that cannot hold the files.
     """
-    out = console if console is not None else _stdout_console()
+    out = console if console is not None else stdout_console(200 if tier == "disk" else 150)
     err = progress_console if progress_console is not None else Console(stderr=True)
-    if repeats < 1:
-        err.print(f"agentpark: --repeats must be >= 1, got {repeats}")
+    problem = _argument_problem(sizes, repeats, tier, directory)
+    if problem is not None:
+        err.print(f"agentpark: {problem}", soft_wrap=True, highlight=False)
         return 2
-    bad = [s for s in sizes if s <= 0 or s % TOKEN_BYTES]
-    if not sizes or bad:
-        err.print(
-            f"agentpark: each size must be a positive multiple of {TOKEN_BYTES // KiB} KiB "
-            f"(the KV of one token); got {', '.join(map(_human, bad)) or 'none'}"
-        )
-        return 2
-    block_tokens = _block_tokens(sizes)
+    parent = directory if directory is not None else _default_parent(tier)
     results: list[SizeResult] = []
-    with tempfile.TemporaryDirectory(prefix="agentpark-bench-") as tmp:
-        stack = _Stack.build(Path(tmp), max(sizes), block_tokens)
-        try:
-            with Progress(
-                TextColumn("[progress.description]{task.description}"),
-                BarColumn(),
-                TextColumn("{task.completed}/{task.total}"),
-                TimeElapsedColumn(),
-                console=err,
-                transient=True,
-            ) as progress:
-                task = progress.add_task("transfer bench", total=len(sizes) * (2 + 2 * repeats))
-                for i, size in enumerate(sizes):
+    block_tokens = _block_tokens(sizes)
+    with contextlib.ExitStack() as cleanup:
+        state_dir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="agentpark-")))
+        tier_dir: Path | None = None
+        if parent is not None:
+            tier_dir = Path(tempfile.mkdtemp(prefix="agentpark-bench-", dir=parent))
+            # Registered first, so it runs last: after the tier's file is closed.
+            cleanup.callback(shutil.rmtree, tier_dir, ignore_errors=True)
+        stack = _Stack.build(state_dir, tier, tier_dir, max(sizes), block_tokens)
+        cleanup.callback(stack.close)
+        with progress_bar(err) as progress:
+            task = progress.add_task(
+                f"transfer bench ({tier})", total=len(sizes) * (2 + 2 * repeats)
+            )
+            for i, size in enumerate(sizes):
 
-                    def step(what: str, size: int = size) -> None:
-                        progress.update(task, advance=1, description=f"{_human(size)}: {what}")
+                def step(what: str, size: int = size) -> None:
+                    progress.update(task, advance=1, description=f"{tier} {human(size)}: {what}")
 
-                    results.append(_bench_size(stack, size, repeats, SEED + i, step))
-                    gc.collect()
-            geometry = stack.engine.geometry
-            notes = [
-                f"GB = 1e9 bytes; median (min-max) of {repeats} repeats; a ratio is, per repeat, "
-                "the operation's GB/s over the np.copyto run just before it (same size, "
-                "preallocated); pause and restore are timed around Parking.pause/resume "
-                "(SQLite writes included).",
-                f"pool {geometry.num_blocks} blocks x {_human(geometry.block_nbytes)} "
-                f"({geometry.block_size} tokens), dram tier {_human(stack.dram.capacity_bytes)}, "
-                f"dma {stack.transfer.name}, jax {jax.__version__} ({jax.default_backend()}), "
-                f"numpy {np.__version__}.",
-            ]
-        finally:
-            stack.close()
-    out.print(_table(results))
+                results.append(_bench_size(stack, size, repeats, SEED + i, step, tier_dir))
+                gc.collect()
+        notes = _notes(stack, tier, tier_dir, repeats)
+    out.print(_table(tier, results))
+    out.print(_checksum_table(results))
     for note in notes:
         out.print(note, soft_wrap=True, highlight=False)
     failed = [r for r in results if not r.exact]
     for r in failed:
-        out.print(f"[red]FAIL[/red] {_human(r.size)}: restored KV is not bit-exact: {r.mismatch}")
-    out.print(_verdict(results), soft_wrap=True, highlight=False)
+        out.print(
+            f"[red]FAIL[/red] {tier} {human(r.size)}: restored KV is not bit-exact: {r.mismatch}"
+        )
+    out.print(_verdict(tier, results), soft_wrap=True, highlight=False)
     return 1 if failed else 0
+
+
+def _argument_problem(
+    sizes: Sequence[int], repeats: int, tier: str, directory: Path | None
+) -> str | None:
+    if tier not in TIERS:
+        return f"--tier must be one of {', '.join(TIERS)}, got {tier!r}"
+    if repeats < 1:
+        return f"--repeats must be >= 1, got {repeats}"
+    bad = [s for s in sizes if s <= 0 or s % TOKEN_BYTES]
+    if not sizes or bad:
+        return (
+            f"each size must be a positive multiple of {TOKEN_BYTES // KiB} KiB "
+            f"(the KV of one token); got {', '.join(map(human, bad)) or 'none'}"
+        )
+    if tier == "dram":
+        return None if directory is None else "--dir is for the shm and disk tiers only"
+    parent = directory if directory is not None else _default_parent(tier)
+    assert parent is not None
+    if not parent.is_dir():
+        return f"--dir {parent} is not a directory"
+    mount = filesystem_of(parent)
+    if tier == "disk" and mount is not None and mount[1] in MEMORY_FILESYSTEMS:
+        return (
+            f"{parent} is on {mount[1]} ({mount[0]}), which is memory, not a disk: "
+            "pass --dir on a disk-backed filesystem"
+        )
+    # The tier file, plus (disk) the plain reference file; a margin for the headers.
+    need = max(sizes) * (2 if tier == "disk" else 1) + 64 * MiB
+    st = os.statvfs(parent)
+    if st.f_bavail * st.f_frsize < need:
+        return (
+            f"{parent} has {human(st.f_bavail * st.f_frsize)} free; "
+            f"the {tier} bench needs about {need / GiB:.1f} GiB there"
+        )
+    return None
+
+
+def _default_parent(tier: str) -> Path | None:
+    if tier == "shm":
+        return SHM_ROOT
+    if tier == "disk":
+        return Path.cwd()
+    return None
 
 
 # ---- one size ----------------------------------------------------------------------------
 
 
 def _bench_size(
-    stack: _Stack, size: int, repeats: int, seed: int, step: Callable[[str], None]
+    stack: _Stack,
+    size: int,
+    repeats: int,
+    seed: int,
+    step: Callable[[str], None],
+    tier_dir: Path | None,
 ) -> SizeResult:
-    parking, engine = stack.parking, stack.engine
-    result = SizeResult(size)
+    parking, engine, tier = stack.parking, stack.engine, stack.tier
+    result = SizeResult(size, tier.name)
     session_id = f"kv-{size}"
     num_blocks = size // engine.geometry.block_nbytes
     num_tokens = size // TOKEN_BYTES
@@ -220,67 +425,73 @@ def _bench_size(
 
     parking.create(TENANT, session_id, {"bench": "transfer", "kv_bytes": size})
     key = (TENANT, session_id)
-    blocks = engine.allocator.allocate(key, num_blocks)
-    expected = _fill_blocks(stack, blocks, rng)  # the bytes the session must get back
-    tokens = rng.integers(0, engine.vocab_size, num_tokens).tolist()
-    parking.adopt_kv(TENANT, session_id, tokens, blocks, np.zeros(engine.vocab_size, "f4"))
-    result.mismatch = _check(engine, expected, blocks, "after fill")
-    src, dst = _prefaulted(size), _prefaulted(size)
+    plain: PlainFile | None = None
     try:
+        blocks = engine.allocator.allocate(key, num_blocks)
+        expected = _fill_blocks(stack, blocks, rng)  # the bytes the session must get back
+        tokens = rng.integers(0, engine.vocab_size, num_tokens).tolist()
+        parking.adopt_kv(TENANT, session_id, tokens, blocks, np.zeros(engine.vocab_size, "f4"))
+        result.mismatch = pool_mismatch(engine, expected, blocks, "after fill")
+        src, dst = prefaulted(size), prefaulted(size)
+        if tier.name == "disk":
+            assert tier_dir is not None
+            plain = PlainFile(tier_dir / f"plain-{size}.bin", size)
         if result.exact:
-            # Warm-up, untimed: SQLite, caches, and the restore scatter's compiles. Restore
-            # compiles one scatter per power-of-two run length, and a pause whose tier slots
-            # wrap around the end of the tier restores as two runs of new lengths; cycling
-            # through the whole tier once compiles every shape the timed repeats will meet.
+            # Warm-up, untimed: SQLite, caches, the tier's pages. A pause whose tier slots
+            # wrap around the end of the tier restores as two runs; cycling through the whole
+            # tier once also meets every window shape (compiled by transfer.warmup already).
             np.copyto(dst, src)
-            for _ in range(-(-stack.dram.capacity_blocks // num_blocks) + 1):
-                _round_trip(parking, session_id)
-            result.mismatch = _check(engine, expected, _blocks_of(engine, key), "after warm-up")
+            if plain is not None:
+                plain.write(src)
+                plain.read(dst)
+            for _ in range(-(-tier.capacity_blocks // num_blocks) + 1):
+                _round_trip(parking, session_id, tier.name)
+            after = _blocks_of(engine, key)
+            result.mismatch = pool_mismatch(engine, expected, after, "after warm-up")
         step("warm-up")
         for _ in range(repeats if result.exact else 0):
-            result.copy_before_pause_s.append(_timed(np.copyto, dst, src))
-            result.pause_s.append(_timed(_pause, parking, session_id))
+            result.copy_before_pause_s.append(timed(np.copyto, dst, src))
+            if plain is not None:
+                result.file_write_s.append(timed(plain.write, src))
+            result.pause_s.append(timed(_pause, parking, session_id, tier.name))
+            result.checksum_s.append(timed(checksum, tier, _parked_slots(parking, session_id)))
             step("pause")
-            result.copy_before_restore_s.append(_timed(np.copyto, src, dst))
-            result.restore_s.append(_timed(_resume, parking, session_id))
+            result.copy_before_restore_s.append(timed(np.copyto, src, dst))
+            if plain is not None:
+                result.file_read_s.append(timed(plain.read, dst))
+            result.restore_s.append(timed(_resume, parking, session_id, tier.name))
             step("restore")
         if result.exact:
-            result.mismatch = _check(engine, expected, _blocks_of(engine, key), "after repeats")
+            after = _blocks_of(engine, key)
+            result.mismatch = pool_mismatch(engine, expected, after, "after repeats")
         step("verified")
     finally:
+        if plain is not None:
+            plain.close()
         parking.delete(TENANT, session_id)
-        del src, dst, expected
     return result
 
 
-def _round_trip(parking: Parking, session_id: str) -> None:
-    _pause(parking, session_id)
-    _resume(parking, session_id)
+def _round_trip(parking: Parking, session_id: str, tier: str) -> None:
+    _pause(parking, session_id, tier)
+    _resume(parking, session_id, tier)
 
 
-def _pause(parking: Parking, session_id: str) -> None:
-    row = parking.pause(TENANT, session_id, tier="dram").row
-    if row.state != State.PARKED:
-        raise RuntimeError(f"pause left the session {row.state}")
+def _pause(parking: Parking, session_id: str, tier: str) -> None:
+    row = parking.pause(TENANT, session_id, tier=tier).row
+    if row.state != State.PARKED or row.tier != tier:
+        raise RuntimeError(f"pause left the session {row.state} in {row.tier}, not in {tier}")
 
 
-def _resume(parking: Parking, session_id: str) -> None:
+def _resume(parking: Parking, session_id: str, tier: str) -> None:
     result = parking.resume(TENANT, session_id)
-    if result.restored_from != "dram":
-        raise RuntimeError(f"resume restored from {result.restored_from}, not the dram tier")
+    if result.restored_from != tier:
+        raise RuntimeError(f"resume restored from {result.restored_from}, not the {tier} tier")
 
 
-def _timed(fn: Callable[..., object], *args: object) -> float:
-    started = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - started
-
-
-def _prefaulted(size: int) -> np.ndarray:
-    """A memcpy reference buffer with every page written once (like the tier buffers)."""
-    buf = np.empty(size, dtype=np.uint8)
-    buf.fill(1)
-    return buf
+def _parked_slots(parking: Parking, session_id: str) -> list[int]:
+    handle = parking.get(TENANT, session_id).parked_handle or {}
+    return list(handle["slots"])
 
 
 def _blocks_of(engine: EngineAdapter, key: tuple[str, str]) -> list[int]:
@@ -305,45 +516,6 @@ def _fill_blocks(stack: _Stack, blocks: list[int], rng: np.random.Generator) -> 
     return buffers
 
 
-# ---- verification ------------------------------------------------------------------------
-
-
-def first_mismatch(
-    expected: Sequence[np.ndarray], pool: Sequence[np.ndarray], block_ids: Sequence[int]
-) -> str | None:
-    """None when ``pool[a][block_ids[i]]`` equals ``expected[a][i]`` bit for bit for every
-    array ``a`` and every ``i``; otherwise a description of the first difference."""
-    if len(expected) != len(pool):
-        return f"{len(expected)} expected arrays but the pool has {len(pool)}"
-    for a, (want, arr) in enumerate(zip(expected, pool, strict=True)):
-        if len(want) != len(block_ids):
-            return f"array {a}: {len(want)} expected blocks for {len(block_ids)} block ids"
-        for i, block in enumerate(block_ids):
-            got = arr[block]
-            if got.dtype != want[i].dtype or got.shape != want[i].shape:
-                return f"array {a} block {block}: {got.dtype}{got.shape} != {want[i].dtype}"
-            # Compare the raw bytes: NaN bit patterns must match too.
-            diff = np.flatnonzero(got.reshape(-1).view(np.uint8) != want[i].reshape(-1).view("u1"))
-            if diff.size:
-                return (
-                    f"array {a}, session block {i} (pool block {block}): {diff.size} bytes "
-                    f"differ, first at byte {int(diff[0])}"
-                )
-    return None
-
-
-def _check(
-    engine: EngineAdapter, expected: list[np.ndarray], blocks: list[int], when: str
-) -> str | None:
-    with engine.lock:
-        views = [np.asarray(arr) for arr in engine.kv_pool()]  # zero-copy on CPU
-        try:
-            why = first_mismatch(expected, views, blocks)
-        finally:
-            del views  # no host view may outlive the lock: the next restore donates the pool
-    return None if why is None else f"{when}: {why}"
-
-
 # ---- geometry and report -----------------------------------------------------------------
 
 
@@ -356,56 +528,110 @@ def _block_tokens(sizes: Sequence[int]) -> int:
     return block
 
 
-def _table(results: Sequence[SizeResult]) -> Table:
-    table = Table(title="agentpark bench transfer: Parking.pause/resume vs np.copyto")
-    table.add_column("KV/session", justify="right")
-    table.add_column("pause GB/s", justify="right")
-    table.add_column("restore GB/s", justify="right")
-    table.add_column("copyto GB/s", justify="right")
-    table.add_column("pause ratio", justify="right")
-    table.add_column("restore ratio", justify="right")
+def _ratio_cell(ratios: Sequence[float], target: float | None) -> str:
+    ratio = statistics.median(ratios)
+    style = "red" if target is not None and ratio < target else "green"
+    return f"[{style}]{ratio:.2f}[/{style}] ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def _table(tier: str, results: Sequence[SizeResult]) -> Table:
+    disk = tier == "disk"
+    title = f"agentpark bench transfer --tier {tier}: Parking.pause/resume vs np.copyto"
+    table = Table(title=title + (" and a plain file write/read" if disk else ""))
+    names = ["KV/session", "pause GB/s", "restore GB/s", "copyto GB/s", "pause ratio"]
+    names.append("restore ratio")
+    if disk:
+        names += ["write GB/s", "read GB/s", "pause/write", "restore/read"]
+    for name in names:
+        table.add_column(name, justify="right")
     table.add_column("bit-exact", justify="center")
     for r in results:
         if not r.pause_s:
-            table.add_row(_human(r.size), "-", "-", "-", "-", "-", "[red]NO[/red]")
+            table.add_row(human(r.size), *["-"] * (len(names) - 1), "[red]NO[/red]")
             continue
-        cells = [_human(r.size), _spread(r.pause_gbps), _spread(r.restore_gbps)]
-        cells.append(_spread(r.copy_before_pause_gbps + r.copy_before_restore_gbps))
-        for ratios in (r.pause_ratios, r.restore_ratios):
-            ratio = statistics.median(ratios)
-            style = "red" if r.size >= TARGET_FROM and ratio < TARGET_RATIO else "green"
-            cells.append(f"[{style}]{ratio:.2f}[/{style}] ({min(ratios):.2f}-{max(ratios):.2f})")
+        judged = r.size >= TARGET_FROM
+        cells = [human(r.size), spread(r.pause_gbps), spread(r.restore_gbps)]
+        cells.append(spread(r.copy_before_pause_gbps + r.copy_before_restore_gbps))
+        memcpy_target = TARGET_RATIO if judged and not disk else None
+        cells.append(_ratio_cell(r.pause_ratios, memcpy_target))
+        cells.append(_ratio_cell(r.restore_ratios, memcpy_target))
+        if disk:
+            file_target = DISK_TARGET_RATIO if judged else None
+            cells += [spread(r.file_write_gbps), spread(r.file_read_gbps)]
+            cells.append(_ratio_cell(r.pause_file_ratios, file_target))
+            cells.append(_ratio_cell(r.restore_file_ratios, file_target))
         cells.append("[green]yes[/green]" if r.exact else "[red]NO[/red]")
         table.add_row(*cells)
     return table
 
 
-def _spread(values: Sequence[float]) -> str:
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+def _checksum_table(results: Sequence[SizeResult]) -> Table:
+    tier = results[0].tier if results else "?"
+    table = Table(title=f"what the checksum costs ({tier}): xxh3 over the parked copy")
+    for name in ("KV/session", "xxh3 GB/s", "xxh3/copyto", "+ on pause", "+ on restore"):
+        table.add_column(name, justify="right")
+    for r in results:
+        if not r.checksum_s:
+            table.add_row(human(r.size), "-", "-", "-", "-")
+            continue
+        table.add_row(
+            human(r.size),
+            spread(r.checksum_gbps),
+            spread(r.checksum_ratios),
+            f"{r.checksum_pause_cost:+.0%}",
+            f"{r.checksum_restore_cost:+.0%}",
+        )
+    return table
 
 
-def _verdict(results: Sequence[SizeResult]) -> str:
-    head = f"target: ratio >= {TARGET_RATIO} from {_human(TARGET_FROM)} up, both directions: "
+def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> list[str]:
+    geometry = stack.engine.geometry
+    tier_bytes = stack.tier.capacity_blocks * geometry.block_nbytes
+    notes = [
+        f"GB = 1e9 bytes; median (min-max) of {repeats} repeats; a ratio is, per repeat, the "
+        "operation's GB/s over the reference run just before it (same size, preallocated, "
+        "pre-faulted buffers); pause and restore are timed around Parking.pause/resume "
+        "(SQLite writes included), with checksums off.",
+        f"pool {geometry.num_blocks} blocks x {human(geometry.block_nbytes)} "
+        f"({geometry.block_size} tokens), {tier} tier {human(tier_bytes)}, "
+        f"dma {stack.transfer.name}, jax {jax.__version__} ({jax.default_backend()}), "
+        f"numpy {np.__version__}.",
+        "checksum: integrity.checksum (xxh3-64, one core) over the parked copy, timed in each "
+        "repeat while the session is parked; with integrity.checksum on for this tier a pause "
+        "pays it once after the copy and a resume once before it (verify), i.e. '+ on "
+        "pause' / '+ on restore' of the checksum-off times above.",
+    ]
+    if tier_dir is not None:
+        mount = filesystem_of(tier_dir)
+        where = f"{mount[1]} on {mount[0]}" if mount else "unknown filesystem"
+        notes.append(f"{tier} tier file in {tier_dir} ({where}); removed at the end.")
+    if tier == "disk":
+        notes.append(
+            "disk: the reference is a plain preallocated file of the same size, written with "
+            "os.pwrite + os.fsync and read with os.preadv into a pre-faulted buffer. Pause is "
+            "a copy into the tier's MAP_SHARED mapping, then msync + fsync. Reads are served "
+            "by the page cache, not the device: both the plain read and the restore (which "
+            "reads the tier through its mmap) find the bytes just written still cached, so "
+            "they measure memory, and only the write side (fsync) touches the disk."
+        )
+    return notes
+
+
+def _verdict(tier: str, results: Sequence[SizeResult]) -> str:
+    if tier == "disk":
+        head = (
+            f"target: pause/restore >= {DISK_TARGET_RATIO} of the plain file write/read from "
+            f"{human(TARGET_FROM)} up: "
+        )
+    else:
+        head = f"target: ratio >= {TARGET_RATIO} from {human(TARGET_FROM)} up, both directions: "
     judged = [r for r in results if r.size >= TARGET_FROM and r.pause_s]
     if not judged:
         return head + "no size to judge"
     misses = [
-        f"{name} at {_human(r.size)} ({statistics.median(ratios):.2f})"
+        f"{name} at {human(r.size)} ({statistics.median(ratios):.2f})"
         for r in judged
-        for name, ratios in (("pause", r.pause_ratios), ("restore", r.restore_ratios))
-        if statistics.median(ratios) < TARGET_RATIO
+        for name, ratios, target in r.judged()
+        if statistics.median(ratios) < target
     ]
     return head + ("met" if not misses else "MISSED: " + ", ".join(misses))
-
-
-def _human(size: int) -> str:
-    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
-        if size >= unit and size % unit == 0:
-            return f"{size // unit} {name}"
-    return f"{size} B"
-
-
-def _stdout_console() -> Console:
-    """stdout; not narrower than the table when stdout is a pipe or a file (80 columns)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=max(console.width, 140))

@@ -1,50 +1,135 @@
-"""``agentpark bench transfer`` runs end to end on tiny sizes and fails on a bad restore."""
+"""``agentpark bench transfer`` runs end to end on tiny sizes, for every tier, cleans up after
+itself, and fails on a restore that is not bit-exact."""
 
 from __future__ import annotations
 
-import io
 import re
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from rich.console import Console
 
 from agentpark.bench import transfer as bench
+from agentpark.bench.common import filesystem_of, first_mismatch
 from agentpark.dma.host_copy import HostCopyTransfer
 
+from .conftest import Consoles
+
 MiB = 1 << 20
+SPREAD = r"\d+\.\d\d \(\d+\.\d\d-\d+\.\d\d\)"
 
 
-def _consoles() -> tuple[Console, io.StringIO, Console]:
-    out = io.StringIO()
-    return Console(file=out, width=200), out, Console(file=io.StringIO(), width=200)
+def _rows(text: str, size: str) -> list[str]:
+    return [line for line in text.splitlines() if re.search(rf"│\s*{size}\s*│", line)]
 
 
-def test_tiny_bench_prints_a_row_per_size_with_ratios() -> None:
-    console, out, progress = _consoles()
+def _directory(tier: str, shm_parent: Path, disk_parent: Path) -> Path | None:
+    return {"dram": None, "shm": shm_parent, "disk": disk_parent}[tier]
+
+
+@pytest.mark.parametrize("tier", bench.TIERS)
+def test_each_tier_prints_a_row_per_size_and_round_trips_bit_exact(
+    tier: str, consoles: Consoles, shm_parent: Path, disk_parent: Path
+) -> None:
+    directory = _directory(tier, shm_parent, disk_parent)
     code = bench.run_transfer_bench(
-        [1 * MiB, 4 * MiB], repeats=2, console=console, progress_console=progress
+        [1 * MiB, 2 * MiB],
+        repeats=2,
+        tier=tier,
+        directory=directory,
+        console=consoles.out,
+        progress_console=consoles.progress,
     )
-    text = out.getvalue()
+    text = consoles.text
     assert code == 0, text
-    assert "pause ratio" in text and "restore ratio" in text
-    for size in ("1 MiB", "4 MiB"):
-        rows = [line for line in text.splitlines() if re.search(rf"│\s*{size}\s*│", line)]
-        assert len(rows) == 1, text
-        # 3 GB/s cells and 2 ratio cells: "median (min-max)", then bit-exact "yes".
-        cells = re.findall(r"\d+\.\d\d \(\d+\.\d\d-\d+\.\d\d\)", rows[0])
-        assert len(cells) == 5, rows[0]
-        assert "yes" in rows[0]
+    assert f"--tier {tier}" in text and "pause ratio" in text and "restore ratio" in text
+    # Disk adds the plain file write and read, and the ratios to them.
+    per_row = 9 if tier == "disk" else 5
+    for size in ("1 MiB", "2 MiB"):
+        table_row, checksum_row = _rows(text, size)
+        assert len(re.findall(SPREAD, table_row)) == per_row, table_row
+        assert "yes" in table_row  # bit-exact, checked before and after the repeats
+        # xxh3 GB/s and its ratio to copyto, then what it adds to a pause and a restore.
+        assert len(re.findall(SPREAD, checksum_row)) == 2, checksum_row
+        assert len(re.findall(r"[+-]\d+%", checksum_row)) == 2, checksum_row
+    assert "what the checksum costs" in text
     assert "no size to judge" in text  # both sizes are below the 256 MiB target threshold
+    if tier == "disk":
+        assert "page cache" in text and "write GB/s" in text and "pause/write" in text
+    if directory is not None:
+        # The bench's temporary directory (and the tier file in it) is gone.
+        assert list(directory.iterdir()) == []
+        assert f"{tier} tier file in {directory}/agentpark-bench-" in text
 
 
-def test_default_consoles_print_the_table_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.run_transfer_bench([1 * MiB], repeats=1) == 0
-    captured = capsys.readouterr()
-    assert "1 MiB" in captured.out and "restore ratio" in captured.out
+def test_shm_files_live_in_memory(consoles: Consoles, shm_parent: Path) -> None:
+    assert Path("/dev/shm") == bench.SHM_ROOT
+    code = bench.run_transfer_bench(
+        [1 * MiB],
+        repeats=1,
+        tier="shm",
+        directory=shm_parent,
+        console=consoles.out,
+        progress_console=consoles.progress,
+    )
+    assert code == 0, consoles.text
+    assert "(tmpfs on /dev/shm)" in consoles.text
 
 
-def test_a_restore_that_is_not_bit_exact_fails_the_bench(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_disk_refuses_a_memory_filesystem(consoles: Consoles, shm_parent: Path) -> None:
+    err = Consoles(consoles.progress, consoles.out, consoles.buffer)  # capture the error
+    code = bench.run_transfer_bench(
+        [1 * MiB],
+        repeats=1,
+        tier="disk",
+        directory=shm_parent,
+        console=err.out,
+        progress_console=err.progress,
+    )
+    assert code == 2
+    assert "memory, not a disk" in err.text
+    assert list(shm_parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("tier", ["shm", "disk"])
+def test_tier_files_are_removed_when_the_bench_fails(
+    tier: str,
+    consoles: Consoles,
+    shm_parent: Path,
+    disk_parent: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    directory = _directory(tier, shm_parent, disk_parent)
+    assert directory is not None
+    seen: list[Path] = []
+
+    def boom(stack: Any, *args: Any) -> None:
+        seen.extend(directory.rglob("*"))  # the tier file exists while the bench runs
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(bench, "_bench_size", boom)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        bench.run_transfer_bench(
+            [1 * MiB],
+            repeats=1,
+            tier=tier,
+            directory=directory,
+            console=consoles.out,
+            progress_console=consoles.progress,
+        )
+    assert any(p.name == f"{tier}-tier.bin" for p in seen), seen
+    assert list(directory.iterdir()) == []
+
+
+@pytest.mark.parametrize("tier", bench.TIERS)
+def test_a_restore_that_is_not_bit_exact_fails_the_bench(
+    tier: str,
+    consoles: Consoles,
+    shm_parent: Path,
+    disk_parent: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     class Corrupting(HostCopyTransfer):
         """Restores, then flips one bit of the first restored block."""
 
@@ -59,20 +144,63 @@ def test_a_restore_that_is_not_bit_exact_fails_the_bench(monkeypatch: pytest.Mon
     engine_tier: list[object] = [None]
     real_stack_build = bench._Stack.build
 
-    def build(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def build(*args: Any, **kwargs: Any) -> bench._Stack:
         stack = real_stack_build(*args, **kwargs)
-        engine_tier[0] = stack.dram
+        engine_tier[0] = stack.tier
         return stack
 
     monkeypatch.setattr(bench, "HostCopyTransfer", Corrupting)
     monkeypatch.setattr(bench._Stack, "build", build)
-    console, out, progress = _consoles()
+    directory = _directory(tier, shm_parent, disk_parent)
     code = bench.run_transfer_bench(
-        [1 * MiB], repeats=1, console=console, progress_console=progress
+        [1 * MiB],
+        repeats=1,
+        tier=tier,
+        directory=directory,
+        console=consoles.out,
+        progress_console=consoles.progress,
     )
-    text = out.getvalue()
+    text = consoles.text
     assert code == 1, text
     assert "not bit-exact" in text and "after warm-up" in text
+    if directory is not None:
+        assert list(directory.iterdir()) == []
+
+
+def test_default_consoles_print_the_table_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.run_transfer_bench([1 * MiB], repeats=1) == 0
+    captured = capsys.readouterr()
+    assert "1 MiB" in captured.out and "restore ratio" in captured.out
+    assert "restore ratio" not in captured.err
+
+
+def test_plain_file_round_trips_and_is_removed(tmp_path: Path) -> None:
+    size = 3 * MiB + 4096
+    plain = bench.PlainFile(tmp_path / "plain.bin", size)
+    src = np.frombuffer(np.random.default_rng(1).bytes(size), dtype=np.uint8).copy()
+    dst = np.zeros(size, dtype=np.uint8)
+    plain.write(src)
+    plain.read(dst)
+    assert np.array_equal(src, dst)
+    assert (tmp_path / "plain.bin").stat().st_size == size
+    plain.close()
+    assert not (tmp_path / "plain.bin").exists()
+
+
+def test_filesystem_of_picks_the_deepest_mount() -> None:
+    mounts = "\n".join(
+        [
+            "/dev/vda / ext4 rw 0 0",
+            "tmpfs /tmp tmpfs rw 0 0",
+            "tmpfs /dev/shm tmpfs rw 0 0",
+            r"/dev/vdb /mnt/my\040disk xfs rw 0 0",
+        ]
+    )
+    assert filesystem_of(Path("/tmp/x/y"), mounts) == ("/tmp", "tmpfs")
+    assert filesystem_of(Path("/tmpfoo"), mounts) == ("/", "ext4")
+    assert filesystem_of(Path("/mnt/my disk/a"), mounts) == ("/mnt/my disk", "xfs")
+    assert filesystem_of(Path("/dev/shm"), mounts) == ("/dev/shm", "tmpfs")
+    assert filesystem_of(Path("/dev/shm"), "") is None
 
 
 def test_first_mismatch_finds_a_single_flipped_bit() -> None:
@@ -80,27 +208,47 @@ def test_first_mismatch_finds_a_single_flipped_bit() -> None:
     pool = rng.integers(0, 1 << 16, size=(8, 2, 3, 4), dtype=np.uint16)
     block_ids = [5, 2, 7]
     expected = [pool[block_ids].copy()]
-    assert bench.first_mismatch(expected, [pool], block_ids) is None
+    assert first_mismatch(expected, [pool], block_ids) is None
     corrupted = pool.copy()
     corrupted[7, 1, 2, 3] ^= 1 << 9
-    why = bench.first_mismatch(expected, [corrupted], block_ids)
+    why = first_mismatch(expected, [corrupted], block_ids)
     assert why is not None and "pool block 7" in why and "1 bytes differ" in why
-    assert bench.first_mismatch(expected, [pool], [5, 7, 2]) is not None  # wrong order
-    assert bench.first_mismatch(expected, [pool, pool], block_ids) is not None
+    assert first_mismatch(expected, [pool], [5, 7, 2]) is not None  # wrong order
+    assert first_mismatch(expected, [pool, pool], block_ids) is not None
 
 
 def test_nan_bit_patterns_are_compared_as_bits() -> None:
     pool = np.full((2, 4), np.nan, dtype=np.float32)
     expected = [pool.copy()]
-    assert bench.first_mismatch(expected, [pool], [0, 1]) is None  # NaN == NaN bitwise
+    assert first_mismatch(expected, [pool], [0, 1]) is None  # NaN == NaN bitwise
     pool.view(np.uint32)[1, 0] ^= 1  # another NaN payload: still NaN, different bits
-    assert bench.first_mismatch(expected, [pool], [0, 1]) is not None
+    assert first_mismatch(expected, [pool], [0, 1]) is not None
 
 
-@pytest.mark.parametrize(("sizes", "repeats"), [([3 * 1024], 1), ([1 * MiB], 0), ([], 1), ([0], 1)])
-def test_unmeasurable_arguments_exit_2(sizes: list[int], repeats: int) -> None:
-    console, _, progress = _consoles()
-    assert bench.run_transfer_bench(sizes, repeats, console=console, progress_console=progress) == 2
+@pytest.mark.parametrize(
+    ("sizes", "repeats", "tier", "directory"),
+    [
+        ([3 * 1024], 1, "dram", None),
+        ([1 * MiB], 0, "dram", None),
+        ([], 1, "dram", None),
+        ([0], 1, "dram", None),
+        ([1 * MiB], 1, "nvme", None),
+        ([1 * MiB], 1, "dram", Path("/")),  # --dir is for the file tiers
+        ([1 * MiB], 1, "disk", Path("/nonexistent/agentpark")),
+    ],
+)
+def test_unmeasurable_arguments_exit_2(
+    sizes: list[int], repeats: int, tier: str, directory: Path | None, consoles: Consoles
+) -> None:
+    code = bench.run_transfer_bench(
+        sizes,
+        repeats,
+        tier=tier,
+        directory=directory,
+        console=consoles.out,
+        progress_console=consoles.progress,
+    )
+    assert code == 2
 
 
 def test_block_size_divides_every_size() -> None:
@@ -108,3 +256,19 @@ def test_block_size_divides_every_size() -> None:
     assert bench._block_tokens([64 * MiB, 256 * MiB, 1 << 30]) == bench.MAX_BLOCK_TOKENS
     assert bench._block_tokens([3 * token, 64 * MiB]) == 1
     assert bench._block_tokens([48 * token]) == 16
+
+
+def test_verdict_judges_disk_against_the_plain_file() -> None:
+    big = 256 * MiB
+    fast = bench.SizeResult(big, "disk", pause_s=[1.0], restore_s=[1.0])
+    fast.copy_before_pause_s = fast.copy_before_restore_s = [0.1]  # memcpy 10x faster
+    fast.file_write_s, fast.file_read_s = [1.1], [0.9]
+    assert bench._verdict("disk", [fast]).endswith("met")
+    slow = bench.SizeResult(big, "disk", pause_s=[2.0], restore_s=[1.0])
+    slow.copy_before_pause_s = slow.copy_before_restore_s = [1.0]
+    slow.file_write_s, slow.file_read_s = [1.0], [1.0]
+    assert "MISSED: pause/file write at 256 MiB (0.50)" in bench._verdict("disk", [slow])
+    dram = bench.SizeResult(big, "dram", pause_s=[1.0], restore_s=[1.0])
+    dram.copy_before_pause_s, dram.copy_before_restore_s = [0.8], [0.9]
+    assert "MISSED: pause at 256 MiB (0.80)" in bench._verdict("dram", [dram])
+    assert "restore" not in bench._verdict("dram", [dram]).split("MISSED")[1]

@@ -1,0 +1,46 @@
+"""The ``agentpark bench`` subcommands parse their flags and print tables on stdout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentpark.bench import resume
+from agentpark.cli import main
+from agentpark.engine.reference import ModelSpec
+
+
+def test_bench_transfer_shm_from_the_command_line(
+    shm_parent: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "transfer", "--tier", "shm", "--sizes", "1MiB", "--repeats", "1"]
+    assert main([*argv, "--dir", str(shm_parent)]) == 0
+    captured = capsys.readouterr()
+    assert "--tier shm" in captured.out and "what the checksum costs" in captured.out
+    assert "restore ratio" not in captured.err
+    assert list(shm_parent.iterdir()) == []
+
+
+def test_bench_transfer_rejects_an_unknown_tier(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "transfer", "--tier", "nvme"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_bench_resume_from_the_command_line(
+    shm_parent: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(resume, "RESUME_MODEL", ModelSpec())
+    monkeypatch.setattr(resume, "SHM_ROOT", shm_parent)
+    assert main(["bench", "resume", "--contexts", "64", "--repeats", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "re-prefill s" in captured.out and "speed-up dram" in captured.out
+    assert "d_model 64" in captured.out
+    assert list(shm_parent.iterdir()) == []
+
+
+def test_bench_resume_rejects_unreadable_contexts() -> None:
+    with pytest.raises(SystemExit, match="cannot read --contexts"):
+        main(["bench", "resume", "--contexts", "4k"])
