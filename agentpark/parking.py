@@ -839,7 +839,7 @@ class Parking:
         row.last_active_at = now
         if restored_from != "recompute" and elapsed_ms > 0:
             self._measured(event.bytes, elapsed_ms)
-        self._sync_kv(live)
+        self._sync_kv(live, log_changed=restored_from == "recompute")
         self._commit(row, event)
         if reason not in ("prefetch", "generate"):
             self._observe_tool_return(live)
@@ -1089,11 +1089,14 @@ class Parking:
             live.block_table = live.block_table[:keep]
             self._sync_kv(live)
 
-    def _sync_kv(self, live: _Live) -> None:
+    def _sync_kv(self, live: _Live, log_changed: bool = True) -> None:
+        """Mirror the live KV state into the row; the token log only when it changed
+        (re-encoding a long log is a millisecond a pause or restore need not pay)."""
         row = live.row
-        row.num_tokens = len(live.tokens)
-        row.token_log = np.asarray(live.tokens, dtype="<i4").tobytes()
-        row.next_logits = None if live.next_logits is None else live.next_logits.tobytes()
+        if log_changed:
+            row.num_tokens = len(live.tokens)
+            row.token_log = np.asarray(live.tokens, dtype="<i4").tobytes()
+            row.next_logits = None if live.next_logits is None else live.next_logits.tobytes()
         row.kv_blocks = len(live.block_table)
         row.kv_bytes = row.kv_blocks * self.engine.geometry.block_nbytes
 

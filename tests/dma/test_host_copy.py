@@ -75,3 +75,31 @@ def test_mismatched_lengths_are_refused(engine: ReferenceEngine) -> None:
     tier = DramTier(engine.geometry, 4 * engine.geometry.block_nbytes)
     with pytest.raises(ValueError, match="2 block ids but 1 slots"):
         HostCopyTransfer().d2h(engine, [0, 1], tier, [0])
+
+
+@pytest.mark.parametrize(
+    "targets",
+    [list(range(5, 25)), list(range(0, 9)) + list(range(20, 31))],  # one run; two runs >= 8
+)
+def test_long_consecutive_runs_restore_by_slice_writes_bit_exact(
+    engine: ReferenceEngine, targets: list[int]
+) -> None:
+    original = _fill(engine)
+    blocks = list(range(32))[: len(targets)]
+    tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
+    slots = tier.allocate("s", len(blocks))
+    dma = HostCopyTransfer()
+    dma.d2h(engine, blocks, tier, slots)
+    dma.h2d(tier, slots, engine, targets)
+    pool = np.asarray(engine.kv_pool()[0])
+    np.testing.assert_array_equal(pool[targets], original[blocks])
+    untouched = [b for b in range(32) if b not in targets]
+    np.testing.assert_array_equal(pool[untouched], original[untouched])
+
+
+def test_warmup_compiles_without_writing(engine: ReferenceEngine) -> None:
+    original = _fill(engine)
+    tier = DramTier(engine.geometry, 20 * engine.geometry.block_nbytes)
+    tier.buffers()[0][...] = 7  # anything the warm-up wrote would show up as 7s
+    HostCopyTransfer().warmup(engine, tier)
+    np.testing.assert_array_equal(np.asarray(engine.kv_pool()[0]), original)
