@@ -136,6 +136,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     return settings
 
 

@@ -19,17 +19,19 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _env(state_dir: Path) -> dict[str, str]:
+def _env(state_dir: Path, shm_dir: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPARK_")}
     env["AGENTPARK_STATE_DIR"] = str(state_dir)
+    if shm_dir is not None:  # never the default /dev/shm/agentpark-<host>-<port>
+        env["AGENTPARK_TIERS__SHM__PATH"] = str(shm_dir / "tier")
     env["AGENTPARK_POOL__NUM_BLOCKS"] = "32"
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
-def test_serve_status_and_sigterm(tmp_path: Path) -> None:
+def test_serve_status_and_sigterm(tmp_path: Path, shm_dir: Path) -> None:
     port = _free_port()
-    env = _env(tmp_path / "state")
+    env = _env(tmp_path / "state", shm_dir)
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "agentpark", "serve", "--port", str(port)]
     with subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True) as proc:
