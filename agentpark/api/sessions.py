@@ -116,9 +116,8 @@ def pause_session(
         advice = policy.advise_pause(row.kv_bytes, body.tool, body.expected_resume_s)
         park, why, expected = advice.decision.park, advice.decision.why, advice.expected_s
     if park:
-        result = parking.pause(
-            tenant, session_id, body.tier, body.tool, body.expected_resume_s, wait=wait
-        )
+        # The learned or prior estimate stands in for the caller's: it drives prefetch too.
+        result = parking.pause(tenant, session_id, body.tier, body.tool, expected, wait=wait)
         row, pause_ms = result.row, result.pause_ms
         if pause_ms is None:
             response.status_code = status.HTTP_202_ACCEPTED
