@@ -191,13 +191,13 @@ def test_filesystem_of_picks_the_deepest_mount() -> None:
     mounts = "\n".join(
         [
             "/dev/vda / ext4 rw 0 0",
-            "tmpfs /tmp tmpfs rw 0 0",
+            "tmpfs /scratch tmpfs rw 0 0",
             "tmpfs /dev/shm tmpfs rw 0 0",
             r"/dev/vdb /mnt/my\040disk xfs rw 0 0",
         ]
     )
-    assert filesystem_of(Path("/tmp/x/y"), mounts) == ("/tmp", "tmpfs")
-    assert filesystem_of(Path("/tmpfoo"), mounts) == ("/", "ext4")
+    assert filesystem_of(Path("/scratch/x/y"), mounts) == ("/scratch", "tmpfs")
+    assert filesystem_of(Path("/scratchfoo"), mounts) == ("/", "ext4")
     assert filesystem_of(Path("/mnt/my disk/a"), mounts) == ("/mnt/my disk", "xfs")
     assert filesystem_of(Path("/dev/shm"), mounts) == ("/dev/shm", "tmpfs")
     assert filesystem_of(Path("/dev/shm"), "") is None
