@@ -187,8 +187,8 @@ class Metrics:
         )
         self.lost = Counter(
             "agentpark_sessions_lost",
-            "Parked copies found gone or corrupt while running, by reason (those found at "
-            "start-up show in agentpark_sessions{state='lost'}).",
+            "Sessions whose KV was found gone or corrupt, by reason (restart, checksum, "
+            "drain; those of start-up are counted once the daemon is up).",
             (*h, "reason"),
             registry=reg,
         )

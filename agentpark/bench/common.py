@@ -13,8 +13,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentpark.engine.base import EngineAdapter
+from agentpark.parking import Parking, State
 
 __all__ = [
+    "BENCH_TENANT",
     "MEMORY_FILESYSTEMS",
     "GiB",
     "KiB",
@@ -22,9 +24,11 @@ __all__ = [
     "filesystem_of",
     "first_mismatch",
     "human",
+    "park",
     "pool_mismatch",
     "prefaulted",
     "progress_bar",
+    "restore",
     "snapshot_blocks",
     "spread",
     "stdout_console",
@@ -163,3 +167,20 @@ def snapshot_blocks(engine: EngineAdapter, blocks: Sequence[int]) -> list[np.nda
             return [view[ids] for view in views]  # fancy indexing copies
         finally:
             del views
+
+
+BENCH_TENANT = "bench"
+
+
+def park(parking: Parking, session_id: str, tier: str) -> None:
+    """Pause a bench session into ``tier`` and insist it really landed there."""
+    row = parking.pause(BENCH_TENANT, session_id, tier=tier).row
+    if row.state != State.PARKED or row.tier != tier:
+        raise RuntimeError(f"pause left the session {row.state} in {row.tier}, not in {tier}")
+
+
+def restore(parking: Parking, session_id: str, source: str) -> None:
+    """Resume a bench session and insist it came back from ``source`` (a tier or recompute)."""
+    result = parking.resume(BENCH_TENANT, session_id)
+    if result.restored_from != source:
+        raise RuntimeError(f"resume came from {result.restored_from}, not from {source}")

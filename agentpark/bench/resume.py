@@ -40,9 +40,12 @@ from rich.console import Console
 from rich.table import Table
 
 from agentpark.bench.common import (
+    BENCH_TENANT,
     human,
+    park,
     pool_mismatch,
     progress_bar,
+    restore,
     snapshot_blocks,
     spread,
     stdout_console,
@@ -67,7 +70,7 @@ dominates at 4k tokens and up (8 KiB of bf16 KV per token)."""
 BLOCK_TOKENS = 64
 TARGET_SPEEDUP = 10.0
 TARGET_CONTEXT = 4096
-TENANT = "bench"
+TENANT = BENCH_TENANT
 SEED = 20240612
 SHM_ROOT = Path("/dev/shm")
 
@@ -246,8 +249,8 @@ def _bench_context(
         original = expected = snapshot_blocks(stack.engine, _owned(stack, key))
         # Warm-up, untimed: SQLite, the tiers' pages, one checksum of the shm copy.
         for tier in ("dram", "shm"):
-            _pause(stack.parking, session_id, tier)
-            _resume(stack.parking, session_id, tier)
+            park(stack.parking, session_id, tier)
+            restore(stack.parking, session_id, tier)
         result.mismatch = _check(stack, key, expected, "after warm-up")
         step("prefilled")
         for _ in range(repeats if result.exact else 0):
@@ -255,18 +258,18 @@ def _bench_context(
                 ("dram", result.pause_dram_s, result.resume_dram_s),
                 ("shm", result.pause_shm_s, result.resume_shm_s),
             ):
-                pauses.append(timed(_pause, stack.parking, session_id, tier))
-                resumes.append(timed(_resume, stack.parking, session_id, tier))
+                pauses.append(timed(park, stack.parking, session_id, tier))
+                resumes.append(timed(restore, stack.parking, session_id, tier))
                 result.mismatch = result.mismatch or _check(
                     stack, key, expected, f"after a resume from {tier}"
                 )
                 step(f"resume from {tier}")
-            _pause(stack.parking, session_id, "dram")
+            park(stack.parking, session_id, "dram")
             stack.restart(session_id)
             state = stack.parking.get(TENANT, session_id).state
             if state != State.LOST:
                 raise RuntimeError(f"after the restart the session is {state}, not lost")
-            result.recompute_s.append(timed(_resume, stack.parking, session_id, "recompute"))
+            result.recompute_s.append(timed(restore, stack.parking, session_id, "recompute"))
             same = _check(stack, key, original, "after the re-prefill") is None
             result.recompute_same_bits.append(same)
             expected = original if same else snapshot_blocks(stack.engine, _owned(stack, key))
@@ -274,18 +277,6 @@ def _bench_context(
     finally:
         stack.parking.delete(TENANT, session_id)
     return result
-
-
-def _pause(parking: Parking, session_id: str, tier: str) -> None:
-    row = parking.pause(TENANT, session_id, tier=tier).row
-    if row.state != State.PARKED or row.tier != tier:
-        raise RuntimeError(f"pause left the session {row.state} in {row.tier}, not in {tier}")
-
-
-def _resume(parking: Parking, session_id: str, source: str) -> None:
-    result = parking.resume(TENANT, session_id)
-    if result.restored_from != source:
-        raise RuntimeError(f"resume came from {result.restored_from}, not from {source}")
 
 
 def _owned(stack: _ContextStack, key: tuple[str, str]) -> list[int]:

@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentpark.bench.common import (
+    BENCH_TENANT,
     MEMORY_FILESYSTEMS,
     GiB,
     KiB,
@@ -51,9 +52,11 @@ from agentpark.bench.common import (
     filesystem_of,
     first_mismatch,
     human,
+    park,
     pool_mismatch,
     prefaulted,
     progress_bar,
+    restore,
     spread,
     stdout_console,
     timed,
@@ -62,7 +65,7 @@ from agentpark.dma.host_copy import HostCopyTransfer
 from agentpark.engine.base import EngineAdapter
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.integrity import checksum
-from agentpark.parking import Parking, ParkingOptions, State
+from agentpark.parking import Parking, ParkingOptions
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
@@ -94,7 +97,7 @@ TARGET_FROM = 256 * MiB
 _MODEL = ModelSpec(d_model=64, n_layers=4, n_heads=8, n_kv_heads=8, head_dim=128, ffn_dim=64)
 TOKEN_BYTES = _MODEL.n_layers * 2 * _MODEL.n_kv_heads * _MODEL.head_dim * 2
 MAX_BLOCK_TOKENS = 64
-TENANT = "bench"
+TENANT = BENCH_TENANT
 SEED = 20240611
 
 
@@ -453,13 +456,13 @@ def _bench_size(
             result.copy_before_pause_s.append(timed(np.copyto, dst, src))
             if plain is not None:
                 result.file_write_s.append(timed(plain.write, src))
-            result.pause_s.append(timed(_pause, parking, session_id, tier.name))
+            result.pause_s.append(timed(park, parking, session_id, tier.name))
             result.checksum_s.append(timed(checksum, tier, _parked_slots(parking, session_id)))
             step("pause")
             result.copy_before_restore_s.append(timed(np.copyto, src, dst))
             if plain is not None:
                 result.file_read_s.append(timed(plain.read, dst))
-            result.restore_s.append(timed(_resume, parking, session_id, tier.name))
+            result.restore_s.append(timed(restore, parking, session_id, tier.name))
             step("restore")
         if result.exact:
             after = _blocks_of(engine, key)
@@ -473,20 +476,8 @@ def _bench_size(
 
 
 def _round_trip(parking: Parking, session_id: str, tier: str) -> None:
-    _pause(parking, session_id, tier)
-    _resume(parking, session_id, tier)
-
-
-def _pause(parking: Parking, session_id: str, tier: str) -> None:
-    row = parking.pause(TENANT, session_id, tier=tier).row
-    if row.state != State.PARKED or row.tier != tier:
-        raise RuntimeError(f"pause left the session {row.state} in {row.tier}, not in {tier}")
-
-
-def _resume(parking: Parking, session_id: str, tier: str) -> None:
-    result = parking.resume(TENANT, session_id)
-    if result.restored_from != tier:
-        raise RuntimeError(f"resume restored from {result.restored_from}, not the {tier} tier")
+    park(parking, session_id, tier)
+    restore(parking, session_id, tier)
 
 
 def _parked_slots(parking: Parking, session_id: str) -> list[int]:
