@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import xxhash
 
-from agentpark.dma.base import contiguous_runs
+from agentpark.blocks import contiguous_runs
 from agentpark.tiers.base import HostTier
 
 __all__ = ["checksum"]

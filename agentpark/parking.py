@@ -39,10 +39,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from agentpark.blocks import PoolExhaustedError
 from agentpark.dma.base import Transfer
 from agentpark.dma.tier_copy import copy_between_tiers
 from agentpark.engine.base import EngineAdapter
-from agentpark.engine.pool import PoolExhaustedError
 from agentpark.engine.sampling import sample
 from agentpark.errors import (
     AgentparkError,

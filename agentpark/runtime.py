@@ -8,15 +8,16 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentpark.blocks import PoolGeometry
 from agentpark.config import PolicySettings, Settings, load_settings
 from agentpark.dma import select_transfer
-from agentpark.engine.base import PoolGeometry
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.errors import ConfigError, InvalidRequestError
 from agentpark.history import HostSampler
 from agentpark.metrics import Metrics
 from agentpark.parking import Parking, ParkingOptions
 from agentpark.policy.service import PolicyService
+from agentpark.snapshot import HostSnapshot
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
@@ -85,6 +86,17 @@ class Runtime:
         policy = PolicyService(parking, settings.policy)
         return cls(
             settings, store, engine, parking, metrics, sampler, policy, ready, False, config_path
+        )
+
+    def host_snapshot(self) -> HostSnapshot:
+        """What this daemon holds now (``GET /v1/host``, metrics, history, status)."""
+        settings = self.settings
+        return HostSnapshot(
+            ready=self.ready.is_set(),
+            model_uid=self.engine.model_uid,
+            dma_backend=self.parking.transfer.name,
+            listen=f"{settings.server.host}:{settings.server.port}",
+            **self.parking.host(),
         )
 
     def warm_up(self) -> None:

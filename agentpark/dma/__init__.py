@@ -23,7 +23,7 @@ import sys
 
 import jax
 
-from agentpark.dma.base import Transfer, contiguous_runs
+from agentpark.dma.base import Transfer
 from agentpark.dma.host_copy import HostCopyTransfer
 from agentpark.dma.jax_memkind import JaxMemkindTransfer
 from agentpark.dma.tpu_sync import INSTALL_HINT, SHM_ENV, TpuSyncTransfer
@@ -37,7 +37,6 @@ __all__ = [
     "TpuSyncTransfer",
     "Transfer",
     "bytes_in_tier",
-    "contiguous_runs",
     "select_transfer",
 ]
 

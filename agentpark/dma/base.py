@@ -13,7 +13,7 @@ from typing import Protocol
 from agentpark.engine.base import EngineAdapter
 from agentpark.tiers.base import HostTier
 
-__all__ = ["Transfer", "contiguous_runs"]
+__all__ = ["Transfer"]
 
 
 class Transfer(Protocol):
@@ -30,17 +30,3 @@ class Transfer(Protocol):
     ) -> None:
         """Copy tier slots ``slots[i]`` into pool blocks ``block_ids[i]``."""
         ...
-
-
-def contiguous_runs(ids: Sequence[int]) -> list[tuple[int, int, int]]:
-    """Split ``ids`` into runs of consecutive values: ``(position, first_id, length)``.
-
-    Copies are issued per run so a defragmented range moves as one memcpy.
-    """
-    runs: list[tuple[int, int, int]] = []
-    start = 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[i - 1] + 1:
-            runs.append((start, ids[start], i - start))
-            start = i
-    return runs

@@ -27,7 +27,7 @@ from functools import partial
 import jax
 import numpy as np
 
-from agentpark.dma.base import contiguous_runs
+from agentpark.blocks import check_copy, contiguous_runs
 from agentpark.engine.base import EngineAdapter
 from agentpark.errors import TransferError
 from agentpark.tiers.base import HostTier
@@ -84,7 +84,7 @@ class HostCopyTransfer:
     def d2h(
         self, engine: EngineAdapter, block_ids: Sequence[int], tier: HostTier, slots: Sequence[int]
     ) -> None:
-        _check(engine, block_ids, slots)
+        check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
         for ids, piece_slots in self._pieces(engine, block_ids, slots):
             src_ids = np.asarray(ids, dtype=np.intp)
             with engine.lock:
@@ -100,7 +100,7 @@ class HostCopyTransfer:
     def h2d(
         self, tier: HostTier, slots: Sequence[int], engine: EngineAdapter, block_ids: Sequence[int]
     ) -> None:
-        _check(engine, block_ids, slots)
+        check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
         for ids, piece_slots in self._pieces(engine, block_ids, slots):
             with engine.lock:
                 pool = list(engine.kv_pool())
@@ -194,10 +194,3 @@ def _powers_of_two(limit: int) -> list[int]:
         out.append(n)
         n *= 2
     return [*out, limit]
-
-
-def _check(engine: EngineAdapter, block_ids: Sequence[int], slots: Sequence[int]) -> None:
-    if len(block_ids) != len(slots):
-        raise ValueError(f"{len(block_ids)} block ids but {len(slots)} slots")
-    if block_ids and not (min(block_ids) >= 0 and max(block_ids) < engine.geometry.num_blocks):
-        raise ValueError(f"block ids out of range 0..{engine.geometry.num_blocks - 1}")

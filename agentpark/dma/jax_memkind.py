@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentpark.dma.base import contiguous_runs
+from agentpark.blocks import check_copy, contiguous_runs
 from agentpark.engine.base import EngineAdapter
 from agentpark.errors import TransferError
 from agentpark.tiers.base import HostTier
@@ -88,7 +88,7 @@ class JaxMemkindTransfer:
     def d2h(
         self, engine: EngineAdapter, block_ids: Sequence[int], tier: HostTier, slots: Sequence[int]
     ) -> None:
-        _check(engine, block_ids, tier, slots)
+        check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
         if not block_ids:
             return
         ids = np.asarray(block_ids, dtype=np.int32)
@@ -120,7 +120,7 @@ class JaxMemkindTransfer:
     def h2d(
         self, tier: HostTier, slots: Sequence[int], engine: EngineAdapter, block_ids: Sequence[int]
     ) -> None:
-        _check(engine, block_ids, tier, slots)
+        check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
         if not block_ids:
             return
         slot_ids = np.asarray(slots, dtype=np.intp)
@@ -153,21 +153,6 @@ class JaxMemkindTransfer:
                 except Exception as exc:
                     raise TransferError(f"restore copy (host -> device) failed: {exc}") from exc
                 del rows, on_device, pools
-
-
-def _check(
-    engine: EngineAdapter, block_ids: Sequence[int], tier: HostTier, slots: Sequence[int]
-) -> None:
-    if len(block_ids) != len(slots):
-        raise ValueError(f"{len(block_ids)} block ids but {len(slots)} slots")
-    num_blocks = engine.geometry.num_blocks
-    bad = [b for b in block_ids if not 0 <= b < num_blocks]
-    if bad:
-        raise ValueError(f"block ids {bad[:8]} out of range 0..{num_blocks - 1}")
-    capacity = tier.capacity_blocks
-    bad = [s for s in slots if not 0 <= s < capacity]
-    if bad:
-        raise ValueError(f"tier slots {bad[:8]} out of range 0..{capacity - 1}")
 
 
 def _check_pool(pool: jax.Array) -> None:

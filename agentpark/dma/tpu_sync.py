@@ -51,6 +51,7 @@ from typing import Protocol, cast
 
 import jax
 
+from agentpark.blocks import check_copy, paired_runs
 from agentpark.engine.base import EngineAdapter
 from agentpark.errors import TransferError
 from agentpark.tiers.base import HostTier
@@ -62,7 +63,6 @@ __all__ = [
     "TpuSyncTransfer",
     "TransferFuture",
     "default_manager_factory",
-    "paired_runs",
 ]
 
 INSTALL_HINT = "install agentpark[tpu] (Python >= 3.12, TPU hosts)"
@@ -117,26 +117,6 @@ def default_manager_factory(local_control_port: int = 0, parallelism: int = 4) -
         return cast(KVCacheManagerLike, manager)
 
     return build
-
-
-def paired_runs(src: Sequence[int], dst: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
-    """Merge ``src[i] -> dst[i]`` into runs where both sides are consecutive.
-
-    Returns ``(src_offsets, dst_offsets, copy_sizes)``, sizes in blocks.
-    """
-    if len(src) != len(dst):
-        raise ValueError(f"{len(src)} sources but {len(dst)} destinations")
-    src_offsets: list[int] = []
-    dst_offsets: list[int] = []
-    sizes: list[int] = []
-    for s, d in zip(src, dst, strict=True):
-        if sizes and s == src_offsets[-1] + sizes[-1] and d == dst_offsets[-1] + sizes[-1]:
-            sizes[-1] += 1
-        else:
-            src_offsets.append(int(s))
-            dst_offsets.append(int(d))
-            sizes.append(1)
-    return src_offsets, dst_offsets, sizes
 
 
 def _device_pointers(arrays: Sequence[jax.Array]) -> tuple[int, ...]:
@@ -215,8 +195,6 @@ class TpuSyncTransfer:
         tier: HostTier,
         slots: Sequence[int],
     ) -> None:
-        if len(block_ids) != len(slots):
-            raise ValueError(f"{len(block_ids)} block ids but {len(slots)} slots")
         if engine is not self.engine:
             raise ValueError("this tpu_sync transfer is bound to another engine")
         if self._tier is None:
@@ -231,13 +209,7 @@ class TpuSyncTransfer:
                 f"this tpu_sync transfer holds the bytes of the {self._tier.name} tier; the "
                 f"{tier.name} tier's slots would alias the same TPU Sync host blocks"
             )
-        num_blocks = engine.geometry.num_blocks
-        bad = [b for b in block_ids if not 0 <= b < num_blocks]
-        if bad:
-            raise ValueError(f"block ids {bad[:8]} out of range 0..{num_blocks - 1}")
-        bad = [s for s in slots if not 0 <= s < self.host_blocks]
-        if bad:
-            raise ValueError(f"tier slots {bad[:8]} out of range 0..{self.host_blocks - 1}")
+        check_copy(block_ids, engine.geometry.num_blocks, slots, self.host_blocks)
 
     def _bound_manager(self) -> KVCacheManagerLike:
         """The manager, built on first use; the pool must not have moved since. Hold the lock."""

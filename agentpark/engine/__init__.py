@@ -1,7 +1,7 @@
 """Engines agentpark parks KV for: adapter protocol, block allocator, reference model."""
 
-from agentpark.engine.base import ArraySpec, EngineAdapter, PoolGeometry
-from agentpark.engine.pool import BlockAllocator, PoolExhaustedError
+from agentpark.blocks import ArraySpec, BlockAllocator, PoolExhaustedError, PoolGeometry
+from agentpark.engine.base import EngineAdapter
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.engine.sampling import sample
 

@@ -9,61 +9,18 @@ needs :attr:`EngineAdapter.geometry`, :meth:`EngineAdapter.kv_pool` and
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from agentpark.engine.pool import BlockAllocator
+from agentpark.blocks import ArraySpec, BlockAllocator, PoolGeometry
 
 if TYPE_CHECKING:
     import jax
 
 __all__ = ["ArraySpec", "EngineAdapter", "PoolGeometry"]
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """One pool array, per block: the array's shape is ``(num_blocks, *block_shape)``."""
-
-    block_shape: tuple[int, ...]
-    dtype: str  # numpy dtype name, e.g. "uint16" (bfloat16 bits are stored as uint16)
-
-    def __post_init__(self) -> None:
-        if any(d <= 0 for d in self.block_shape):
-            raise ValueError(f"block_shape dims must be positive, got {self.block_shape}")
-        np.dtype(self.dtype)  # raises TypeError on an unknown dtype name
-
-    @property
-    def block_nbytes(self) -> int:
-        return math.prod(self.block_shape) * np.dtype(self.dtype).itemsize
-
-
-@dataclass(frozen=True)
-class PoolGeometry:
-    """Shape of a paged KV pool: every array has the block axis first and ``num_blocks`` rows."""
-
-    num_blocks: int
-    block_size: int  # tokens per block
-    arrays: tuple[ArraySpec, ...]
-
-    def __post_init__(self) -> None:
-        if self.num_blocks <= 0 or self.block_size <= 0:
-            raise ValueError("num_blocks and block_size must be positive")
-        if not self.arrays:
-            raise ValueError("a pool has at least one array")
-
-    @property
-    def block_nbytes(self) -> int:
-        """Bytes one block takes over all pool arrays (what a parked block costs in a tier)."""
-        return sum(a.block_nbytes for a in self.arrays)
-
-    @property
-    def total_bytes(self) -> int:
-        return self.num_blocks * self.block_nbytes
 
 
 @runtime_checkable

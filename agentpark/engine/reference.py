@@ -40,9 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from agentpark.blocks import ArraySpec, BlockAllocator, PoolGeometry
 from agentpark.engine import tokenizer
-from agentpark.engine.base import ArraySpec, PoolGeometry
-from agentpark.engine.pool import BlockAllocator
 
 __all__ = ["MAX_CHUNK", "PREFILL_BUCKETS", "ModelSpec", "PoolSpec", "ReferenceEngine"]
 

@@ -12,8 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from agentpark.engine.base import PoolGeometry
-from agentpark.engine.pool import BlockAllocator, PoolExhaustedError
+from agentpark.blocks import BlockAllocator, PoolExhaustedError, PoolGeometry
 from agentpark.errors import TierFullError
 
 __all__ = ["BackendHeldTier", "HostTier", "SlotTier"]

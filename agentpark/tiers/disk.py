@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentpark.engine.base import PoolGeometry
+from agentpark.blocks import PoolGeometry
 from agentpark.tiers.filetier import FileTier
 
 __all__ = ["DiskTier"]

@@ -14,7 +14,7 @@ import mmap
 
 import numpy as np
 
-from agentpark.engine.base import PoolGeometry
+from agentpark.blocks import PoolGeometry
 from agentpark.tiers.base import SlotTier
 
 __all__ = ["DramTier"]

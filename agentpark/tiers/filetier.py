@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from agentpark.engine.base import PoolGeometry
+from agentpark.blocks import PoolGeometry
 from agentpark.errors import ConfigError
 from agentpark.tiers.base import SlotTier
 

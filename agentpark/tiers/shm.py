@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from agentpark.engine.base import PoolGeometry
+from agentpark.blocks import PoolGeometry
 from agentpark.tiers.filetier import FileTier
 
 __all__ = ["ShmTier", "default_shm_path"]

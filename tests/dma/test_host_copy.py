@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentpark.dma import HostCopyTransfer, contiguous_runs
+from agentpark.blocks import contiguous_runs
+from agentpark.dma import HostCopyTransfer
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.tiers.dram import DramTier
 

@@ -199,8 +199,7 @@ _SHARDED_SCRIPT = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from agentpark.dma import JaxMemkindTransfer
-    from agentpark.engine.base import ArraySpec, PoolGeometry
-    from agentpark.engine.pool import BlockAllocator
+    from agentpark.blocks import ArraySpec, BlockAllocator, PoolGeometry
     from agentpark.tiers.dram import DramTier
 
     assert len(jax.devices()) == 4, jax.devices()

@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentpark.blocks import paired_runs
 from agentpark.dma import HostCopyTransfer
-from agentpark.dma.tpu_sync import TpuSyncTransfer, default_manager_factory, paired_runs
+from agentpark.dma.tpu_sync import TpuSyncTransfer, default_manager_factory
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.errors import TransferError
 from agentpark.tiers.base import SlotTier

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from agentpark.engine.pool import BlockAllocator, PoolExhaustedError
+from agentpark.blocks import BlockAllocator, PoolExhaustedError
 
 
 def test_fresh_allocator_counts() -> None:

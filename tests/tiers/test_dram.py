@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentpark.engine.base import ArraySpec, PoolGeometry
+from agentpark.blocks import ArraySpec, PoolGeometry
 from agentpark.errors import TierFullError
 from agentpark.tiers.dram import DramTier
 

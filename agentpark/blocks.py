@@ -1,18 +1,128 @@
-"""Block allocator for a paged KV pool.
+"""Blocks of a paged KV pool: the pool's shape, its block allocator, and runs of block ids.
 
-The allocator is the source of truth for how much of the pool is in use ("HBM reclaimed" is
-blocks returned to its free list). It only does bookkeeping: it never touches the pool arrays.
+Everything that counts or addresses blocks (engines, tiers, the DMA core, the session
+core) shares these, and nothing here imports JAX, so a tier or the store can be loaded
+without the model.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
 
-__all__ = ["BlockAllocator", "PoolExhaustedError"]
+import numpy as np
+
+__all__ = [
+    "ArraySpec",
+    "BlockAllocator",
+    "PoolExhaustedError",
+    "PoolGeometry",
+    "check_copy",
+    "contiguous_runs",
+    "paired_runs",
+]
 
 
+@dataclass(frozen=True)
+class ArraySpec:
+    """One pool array, per block: the array's shape is ``(num_blocks, *block_shape)``."""
+
+    block_shape: tuple[int, ...]
+    dtype: str  # numpy dtype name, e.g. "uint16" (bfloat16 bits are stored as uint16)
+
+    def __post_init__(self) -> None:
+        if any(d <= 0 for d in self.block_shape):
+            raise ValueError(f"block_shape dims must be positive, got {self.block_shape}")
+        np.dtype(self.dtype)  # raises TypeError on an unknown dtype name
+
+    @property
+    def block_nbytes(self) -> int:
+        return math.prod(self.block_shape) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    """Shape of a paged KV pool: every array has the block axis first and ``num_blocks`` rows."""
+
+    num_blocks: int
+    block_size: int  # tokens per block
+    arrays: tuple[ArraySpec, ...]
+
+    def __post_init__(self) -> None:
+        if self.num_blocks <= 0 or self.block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        if not self.arrays:
+            raise ValueError("a pool has at least one array")
+
+    @property
+    def block_nbytes(self) -> int:
+        """Bytes one block takes over all pool arrays (what a parked block costs in a tier)."""
+        return sum(a.block_nbytes for a in self.arrays)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_blocks * self.block_nbytes
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+
+# ---- runs of block ids -----------------------------------------------------------------
+
+
+def contiguous_runs(ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Split ``ids`` into runs of consecutive values: ``(position, first_id, length)``.
+
+    Copies are issued per run so a defragmented range moves as one memcpy.
+    """
+    runs: list[tuple[int, int, int]] = []
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            runs.append((start, ids[start], i - start))
+            start = i
+    return runs
+
+
+def paired_runs(src: Sequence[int], dst: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """Merge ``src[i] -> dst[i]`` into runs where both sides are consecutive.
+
+    Returns ``(src_offsets, dst_offsets, copy_sizes)``, sizes in blocks.
+    """
+    if len(src) != len(dst):
+        raise ValueError(f"{len(src)} sources but {len(dst)} destinations")
+    src_offsets: list[int] = []
+    dst_offsets: list[int] = []
+    sizes: list[int] = []
+    for s, d in zip(src, dst, strict=True):
+        if sizes and s == src_offsets[-1] + sizes[-1] and d == dst_offsets[-1] + sizes[-1]:
+            sizes[-1] += 1
+        else:
+            src_offsets.append(int(s))
+            dst_offsets.append(int(d))
+            sizes.append(1)
+    return src_offsets, dst_offsets, sizes
+
+
+def check_copy(
+    block_ids: Sequence[int], num_blocks: int, slots: Sequence[int], capacity: int
+) -> None:
+    """ValueError unless ``block_ids[i] <-> slots[i]`` pairs up and every id is in range."""
+    if len(block_ids) != len(slots):
+        raise ValueError(f"{len(block_ids)} block ids but {len(slots)} slots")
+    bad = [b for b in block_ids if not 0 <= b < num_blocks]
+    if bad:
+        raise ValueError(f"block ids {bad[:8]} out of range 0..{num_blocks - 1}")
+    bad = [s for s in slots if not 0 <= s < capacity]
+    if bad:
+        raise ValueError(f"tier slots {bad[:8]} out of range 0..{capacity - 1}")
+
+
+# ---- the allocator ---------------------------------------------------------------------
 class PoolExhaustedError(Exception):
     """Not enough free blocks for an allocation; nothing was allocated."""
 

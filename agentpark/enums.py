@@ -1,0 +1,90 @@
+"""The words of the session core, one enum each: states, tiers, reasons, event kinds.
+
+They are ``StrEnum``s, so they compare equal to the strings stored in SQLite and sent
+over the API, and every other module names them from here instead of spelling a literal.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["PARKING_TIERS", "EventKind", "Reason", "RestoredFrom", "State", "Tier", "TierChoice"]
+
+
+class State(StrEnum):
+    """Where a session is in its life cycle (the state machine in docs/ARCHITECTURE.md)."""
+
+    ACTIVE = "active"
+    PAUSING = "pausing"
+    PARKED = "parked"
+    RESUMING = "resuming"
+    RECOMPUTING = "recomputing"
+    LOST = "lost"
+    DELETED = "deleted"
+
+
+class Tier(StrEnum):
+    """A host tier a parked copy can live in, fastest first (the auto order)."""
+
+    DRAM = "dram"
+    SHM = "shm"
+    DISK = "disk"
+
+
+PARKING_TIERS: tuple[Tier, ...] = (Tier.DRAM, Tier.SHM, Tier.DISK)
+"""Every tier, in the order ``tier=auto`` tries them and demotion walks them."""
+
+
+class TierChoice(StrEnum):
+    """What a caller may ask a pause for: a tier, or ``auto`` (the first with room)."""
+
+    AUTO = "auto"
+    DRAM = "dram"
+    SHM = "shm"
+    DISK = "disk"
+
+
+class RestoredFrom(StrEnum):
+    """Where a resume found the session's KV."""
+
+    POOL = "pool"  # it was active already (kept, or prefetched)
+    DRAM = "dram"
+    SHM = "shm"
+    DISK = "disk"
+    RECOMPUTE = "recompute"  # the copy was gone or damaged: re-prefilled from the token log
+
+
+class Reason(StrEnum):
+    """Why a transition happened (``events.reason``)."""
+
+    EXPLICIT = "explicit"  # an API call, or a connector's turn boundary
+    IDLE = "idle"
+    PRESSURE = "pressure"
+    PREFETCH = "prefetch"
+    DEMOTE = "demote"
+    DRAIN = "drain"
+    RESTART = "restart"
+    GENERATE = "generate"  # a generate on a parked session brought it back
+    BREAK_EVEN = "break_even"  # kept: the pause is too short to be worth parking
+    CHECKSUM = "checksum"
+
+
+class EventKind(StrEnum):
+    """What an event records (``events.kind``)."""
+
+    CREATE = "create"
+    ADOPT = "adopt"  # an engine handed a new session KV it computed itself
+    GENERATE = "generate"
+    TURN = "turn"  # an external engine reported a turn's tokens and blocks
+    KEEP = "keep"
+    PAUSE = "pause"
+    RESUME = "resume"
+    RECOMPUTE = "recompute"
+    MOVE = "move"
+    TOOL_RETURN = "tool_return"
+    CORRUPT = "corrupt"
+    LOST = "lost"
+    DELETE = "delete"
+    PAUSE_FAILED = "pause_failed"
+    RESTORE_FAILED = "restore_failed"
+    MOVE_FAILED = "move_failed"
