@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["PARKING_TIERS", "EventKind", "Reason", "RestoredFrom", "State", "Tier", "TierChoice"]
+__all__ = [
+    "PARKING_TIERS",
+    "EventKind",
+    "Medium",
+    "Reason",
+    "RestoredFrom",
+    "State",
+    "Tier",
+    "TierChoice",
+]
 
 
 class State(StrEnum):
@@ -42,6 +51,13 @@ class TierChoice(StrEnum):
     DRAM = "dram"
     SHM = "shm"
     DISK = "disk"
+
+
+class Medium(StrEnum):
+    """What holds blocks, for the mover's choice of copy handler."""
+
+    POOL = "pool"  # an engine's pool, reached only through a DMA backend
+    HOST = "host"  # numpy buffers in the pool's layout: tiers, host-resident pools
 
 
 class RestoredFrom(StrEnum):

@@ -28,13 +28,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from agentpark.config import DashboardSettings
+from agentpark.snapshot import HostSnapshot
 from agentpark.store.models import HostSampleRow
 from agentpark.store.samples import EventFigure, SampleStore
+from agentpark.tally import EventTally, percentile
 
 __all__ = [
     "HostSampler",
     "merge_samples",
-    "percentile",
     "rebucket",
     "sample_to_dict",
     "transfer_figures",
@@ -42,19 +43,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-HostView = Callable[[], dict[str, Any]]
+HostView = Callable[[], HostSnapshot]
 
 # Downsampling and pruning run at most this often (they are cheap, but not every tick).
 MAINTENANCE_EVERY_S = 60.0
-
-
-def percentile(values: Sequence[float], p: float) -> float | None:
-    """Nearest-rank percentile (``p`` in 0..100) of ``values``; None when there are none."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(p / 100.0 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
 
 
 def transfer_figures(events: Iterable[EventFigure]) -> dict[str, Any]:
@@ -63,42 +55,26 @@ def transfer_figures(events: Iterable[EventFigure]) -> dict[str, Any]:
     Resume latency covers what a resuming agent waits for: copies back from a tier and
     recomputes. Restore bandwidth covers copies only.
     """
-    pause_ms: list[float] = []
-    resume_ms: list[float] = []
-    out: dict[str, Any] = {
-        "pauses": 0,
-        "resumes": 0,
-        "recomputes": 0,
-        "restore_failures": 0,
-        "bytes_parked": 0,
-        "bytes_restored": 0,
-        "park_ms": 0.0,
-        "restore_ms": 0.0,
-        "last_event_id": 0,
-    }
+    tally = EventTally(keep_latencies=True)
+    last_event_id = 0
     for event in events:
-        out["last_event_id"] = max(out["last_event_id"], event.id)
-        duration = event.duration_ms or 0.0
-        if event.kind == "pause":
-            out["pauses"] += 1
-            out["bytes_parked"] += event.bytes or 0
-            out["park_ms"] += duration
-            pause_ms.append(duration)
-        elif event.kind == "resume":
-            out["resumes"] += 1
-            out["bytes_restored"] += event.bytes or 0
-            out["restore_ms"] += duration
-            resume_ms.append(duration)
-        elif event.kind == "recompute":
-            out["recomputes"] += 1
-            resume_ms.append(duration)
-        elif event.kind == "restore_failed":
-            out["restore_failures"] += 1
-    out["pause_p50_ms"] = percentile(pause_ms, 50)
-    out["pause_p99_ms"] = percentile(pause_ms, 99)
-    out["resume_p50_ms"] = percentile(resume_ms, 50)
-    out["resume_p99_ms"] = percentile(resume_ms, 99)
-    return out
+        last_event_id = max(last_event_id, event.id)
+        tally.add(event)
+    return {
+        "pauses": tally.pauses,
+        "resumes": tally.resumes,
+        "recomputes": tally.recomputes,
+        "restore_failures": tally.restore_failures,
+        "bytes_parked": tally.bytes_parked,
+        "bytes_restored": tally.bytes_restored,
+        "park_ms": tally.park_ms,
+        "restore_ms": tally.restore_ms,
+        "last_event_id": last_event_id,
+        "pause_p50_ms": percentile(tally.pause_ms, 50),
+        "pause_p99_ms": percentile(tally.pause_ms, 99),
+        "resume_p50_ms": percentile(tally.resume_ms, 50),
+        "resume_p99_ms": percentile(tally.resume_ms, 99),
+    }
 
 
 def bandwidth(nbytes: float, ms: float) -> float | None:
@@ -246,24 +222,20 @@ class HostSampler:
             host = self.host()
             figures = transfer_figures(self.store.events_after(self._last_event_id))
             last_event_id = max(self._last_event_id, figures.pop("last_event_id"))
-            pool = host["pool"]
             tiers = {
-                name: {
-                    "used_bytes": int(tier.get("used_bytes", 0)),
-                    "capacity_bytes": int(tier.get("capacity_bytes", 0)),
-                }
-                for name, tier in host.get("tiers", {}).items()
+                name: {"used_bytes": tier.used_bytes, "capacity_bytes": tier.capacity_bytes}
+                for name, tier in host.tiers.items()
             }
             row = HostSampleRow(
                 at=now,
                 step_s=self.settings.sample_interval_s,
                 n=1,
                 last_event_id=last_event_id,
-                pool_total_bytes=int(pool["total_bytes"]),
-                pool_used_bytes=int(pool["used_bytes"]),
-                reclaimed_bytes=int(host["reclaimed_bytes"]),
+                pool_total_bytes=host.pool.total_bytes,
+                pool_used_bytes=host.pool.used_bytes,
+                reclaimed_bytes=host.reclaimed_bytes,
                 tiers=tiers,
-                sessions={k: int(v) for k, v in host.get("sessions", {}).items()},
+                sessions=dict(host.sessions),
                 **figures,
             )
             self.store.insert(row)

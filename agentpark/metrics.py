@@ -2,10 +2,10 @@
 
 Two sources feed them:
 
-- **events**: :meth:`Metrics.observe` is a :attr:`Parking.listeners` entry and sees every
+- **events**: :meth:`Metrics.observe` is a listener of the session core's event log and sees every
   committed transition: counters (pauses by reason, resumes by source, bytes moved, restore
   failures, recompute fallbacks) and histograms (pause and resume latency, bandwidth).
-- **the host view**: a collector reads :meth:`Parking.host` and the live sessions at scrape
+- **the host view**: a collector reads the host snapshot and the live sessions at scrape
   time for the gauges (pool blocks, HBM reclaimed, parked bytes and use per tier, sessions
   by state), so a gauge is never stale and costs nothing between scrapes.
 
@@ -51,7 +51,7 @@ agentpark_resume_duration_seconds                           histogram  source
 
 plus the ``process_*`` series of this process. ``direction`` is ``park`` (pool to a tier;
 ``tier`` is where the bytes went), ``restore`` (a tier back to the pool; ``tier`` is where
-they came from) or the kind of a move between tiers (``demote``, ``promote``, ``move``;
+they came from) or ``move`` (a copy from one tier to another, whatever its reason;
 ``tier`` is the destination). ``source`` is the tier a resume restored from, ``recompute``
 when the parked copy was gone and the session was rebuilt by re-prefill, or ``pool`` for a
 resume that found the session already in the pool (when parking records one).
@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
@@ -69,18 +68,16 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from agentpark import __version__
-from agentpark.store.models import EventRow
-
-if TYPE_CHECKING:
-    from agentpark.parking import Parking
+from agentpark.enums import EventKind, Reason, State
+from agentpark.snapshot import HostSnapshot
+from agentpark.store.models import EventRow, SessionRow
 
 __all__ = ["METRIC_NAMES", "Metrics"]
 
 log = logging.getLogger(__name__)
 
 # Pause reasons and the label sets created at start (so rate() and increase() see a zero).
-PAUSE_REASONS = ("explicit", "idle", "pressure", "drain")
-MOVE_KINDS = ("move", "demote", "promote")
+PAUSE_REASONS = (Reason.EXPLICIT, Reason.IDLE, Reason.PRESSURE, Reason.DRAIN)
 # Latency: 100 us .. 60 s; bandwidth: 1 MB/s .. 1 TB/s.
 LATENCY_BUCKETS = (
     0.0001,
@@ -145,10 +142,9 @@ class Metrics:
 
     def __init__(
         self,
-        parking: Parking,
+        snapshot: Callable[[], HostSnapshot],
+        sessions: Callable[[], list[SessionRow]],
         host: str,
-        ready: Callable[[], bool],
-        model_uid: str = "",
     ) -> None:
         self.host = host
         self.registry = CollectorRegistry(auto_describe=True)
@@ -200,7 +196,7 @@ class Metrics:
         )
         self.transfer_bytes = Counter(
             "agentpark_transfer_bytes",
-            "KV bytes copied, by direction (park, restore, demote, promote, move) and tier.",
+            "KV bytes copied, by direction (park, restore, move) and tier.",
             (*h, "direction", "tier"),
             registry=reg,
         )
@@ -231,15 +227,15 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )
-        reg.register(_HostCollector(parking, host, ready, model_uid))
+        reg.register(_HostCollector(snapshot, sessions, host))
         ProcessCollector(registry=reg)
-        self._create_label_sets(list(parking.host().get("tiers", {})))
+        self._create_label_sets(list(snapshot().tiers))
 
     def _create_label_sets(self, tiers: Iterable[str]) -> None:
         """Create the series every host has, at zero, so they exist before the first event."""
         host = self.host
-        self.recomputes.labels(host, "explicit")
-        self.lost.labels(host, "restart")
+        self.recomputes.labels(host, Reason.EXPLICIT)
+        self.lost.labels(host, Reason.RESTART)
         for tier in tiers:
             for reason in PAUSE_REASONS:
                 self.pauses.labels(host, reason, tier)
@@ -257,7 +253,7 @@ class Metrics:
     # ---- events -------------------------------------------------------------------------
 
     def observe(self, event: EventRow) -> None:
-        """The Parking listener: count one committed event (never raises)."""
+        """The event listener: count one committed event (never raises)."""
         try:
             self._observe(event)
         except Exception:
@@ -269,26 +265,26 @@ class Metrics:
         seconds = (event.duration_ms or 0.0) / 1e3
         nbytes = event.bytes or 0
         self.events.labels(host, _label(kind, "unknown")).inc()
-        if kind == "pause":
+        if kind == EventKind.PAUSE:
             tier = _label(event.to_tier, "unknown")
             self.pauses.labels(host, reason, tier).inc()
             self.pause_seconds.labels(host, tier).observe(seconds)
             self._transfer("park", tier, nbytes, seconds)
-        elif kind == "resume":
+        elif kind == EventKind.RESUME:
             source = _label(event.from_tier, "pool")
             self.resumes.labels(host, source, reason).inc()
             self.resume_seconds.labels(host, source).observe(seconds)
             if source != "pool":
                 self._transfer("restore", source, nbytes, seconds)
-        elif kind == "recompute":
+        elif kind == EventKind.RECOMPUTE:
             self.resumes.labels(host, "recompute", reason).inc()
             self.resume_seconds.labels(host, "recompute").observe(seconds)
             self.recomputes.labels(host, reason).inc()
-        elif kind == "restore_failed":
+        elif kind == EventKind.RESTORE_FAILED:
             self.restore_failures.labels(host, _label(event.from_tier, "unknown")).inc()
-        elif kind == "lost":
+        elif kind == EventKind.LOST:
             self.lost.labels(host, reason).inc()
-        elif kind in MOVE_KINDS:
+        elif kind == EventKind.MOVE:
             src, dst = _label(event.from_tier, "unknown"), _label(event.to_tier, "unknown")
             self.moves.labels(host, kind, src, dst).inc()
             self._transfer(kind, dst, nbytes, seconds)
@@ -313,20 +309,22 @@ class _HostCollector(Collector):
     """Gauges read from the host view at scrape time."""
 
     def __init__(
-        self, parking: Parking, host: str, ready: Callable[[], bool], model_uid: str
+        self,
+        snapshot: Callable[[], HostSnapshot],
+        sessions: Callable[[], list[SessionRow]],
+        host: str,
     ) -> None:
-        self.parking = parking
+        self.snapshot = snapshot
+        self.sessions = sessions
         self.host = host
-        self.ready = ready
-        self.model_uid = model_uid
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families())
 
     def collect(self) -> Iterable[Metric]:
-        return list(self._families(self.parking.host()))
+        return list(self._families(self.snapshot()))
 
-    def _families(self, view: dict[str, object] | None = None) -> Iterator[Metric]:
+    def _families(self, view: HostSnapshot | None = None) -> Iterator[Metric]:
         h = self.host
         info = InfoMetricFamily(
             "agentpark_build",
@@ -367,33 +365,25 @@ class _HostCollector(Collector):
             "agentpark_sessions", "Live sessions by state.", labels=("host", "state")
         )
         if view is not None:
-            info.add_metric(
-                [h, __version__, str(getattr(self.parking.transfer, "name", "")), self.model_uid],
-                {},
-            )
-            ready.add_metric([h], 1.0 if self.ready() else 0.0)
-            pool = view["pool"]
-            assert isinstance(pool, dict)
-            for state in ("free", "used"):
-                pool_blocks.add_metric([h, state], pool[f"{state}_blocks"])
-                pool_bytes.add_metric([h, state], pool[f"{state}_bytes"])
-            block_bytes.add_metric([h], pool["block_bytes"])
-            reclaimed.add_metric([h], float(view["reclaimed_bytes"]))  # type: ignore[arg-type]
-            tiers = view.get("tiers", {})
-            assert isinstance(tiers, dict)
-            by_tier = dict.fromkeys(tiers, 0)
-            for row in self.parking.live_sessions():
-                if row.state == "parked" and row.tier:
+            info.add_metric([h, __version__, view.dma_backend, view.model_uid], {})
+            ready.add_metric([h], 1.0 if view.ready else 0.0)
+            pool = view.pool
+            pool_blocks.add_metric([h, "free"], pool.free_blocks)
+            pool_blocks.add_metric([h, "used"], pool.used_blocks)
+            pool_bytes.add_metric([h, "free"], pool.free_bytes)
+            pool_bytes.add_metric([h, "used"], pool.used_bytes)
+            block_bytes.add_metric([h], pool.block_bytes)
+            reclaimed.add_metric([h], view.reclaimed_bytes)
+            by_tier = dict.fromkeys(view.tiers, 0)
+            for row in self.sessions():
+                if row.state == State.PARKED and row.tier:
                     by_tier[row.tier] = by_tier.get(row.tier, 0) + row.kv_bytes
             for tier, nbytes in sorted(by_tier.items()):
                 parked.add_metric([h, tier], nbytes)
-            for name, tier_view in sorted(tiers.items()):
+            for name, figures in sorted(view.tiers.items()):
                 for key, family in tier_gauges.items():
-                    if key in tier_view:
-                        family.add_metric([h, name], tier_view[key])
-            counts = view.get("sessions", {})
-            assert isinstance(counts, dict)
-            for state, count in sorted(counts.items()):
+                    family.add_metric([h, name], getattr(figures, key))
+            for state, count in sorted(view.sessions.items()):
                 sessions.add_metric([h, state], count)
         yield info
         yield ready

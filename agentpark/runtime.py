@@ -15,7 +15,7 @@ from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.errors import ConfigError, InvalidRequestError
 from agentpark.history import HostSampler
 from agentpark.metrics import Metrics
-from agentpark.parking import Parking, ParkingOptions
+from agentpark.parking import CoreOptions, InProcessDriver, SessionCore, drain, in_process_core
 from agentpark.policy.service import PolicyService
 from agentpark.snapshot import HostSnapshot
 from agentpark.store.db import open_database
@@ -37,7 +37,7 @@ class Runtime:
     settings: Settings
     store: SessionStore
     engine: ReferenceEngine
-    parking: Parking
+    driver: InProcessDriver
     metrics: Metrics
     sampler: HostSampler
     policy: PolicyService
@@ -64,13 +64,18 @@ class Runtime:
         else:
             transfer = select_transfer(settings.dma.backend)
             tiers = build_tiers(settings, engine.geometry, engine.model_uid)
-        options = ParkingOptions(
-            max_new_tokens=settings.limits.max_new_tokens,
-            checksum_tiers=frozenset(settings.integrity.tiers)
-            if settings.integrity.checksum != "none"
-            else frozenset(),
+        checksums = settings.integrity.checksum != "none"
+        options = CoreOptions(
+            checksum_tiers=frozenset(settings.integrity.tiers) if checksums else frozenset()
         )
-        parking = Parking(store, engine, transfer, tiers, options)
+        driver = in_process_core(
+            store,
+            engine,
+            transfer,
+            tiers,
+            max_new_tokens=settings.limits.max_new_tokens,
+            options=options,
+        )
         log.info(
             "pool: %d blocks of %d bytes (%d tokens each); tiers: %s; dma: %s",
             engine.geometry.num_blocks,
@@ -80,30 +85,37 @@ class Runtime:
             transfer.name,
         )
         ready = threading.Event()
-        metrics = Metrics(parking, host_label(settings), ready.is_set, engine.model_uid)
-        parking.add_listener(metrics.observe)
-        sampler = HostSampler(parking.host, SampleStore(db_engine, db_sessions), settings.dashboard)
-        policy = PolicyService(parking, settings.policy)
+        core = driver.core
+        listen = f"{settings.server.host}:{settings.server.port}"
+
+        def snapshot() -> HostSnapshot:
+            return core.snapshot(ready=ready.is_set(), listen=listen)
+
+        metrics = Metrics(snapshot, core.live_sessions, host_label(settings))
+        core.add_listener(metrics.observe)
+        sampler = HostSampler(snapshot, SampleStore(db_engine, db_sessions), settings.dashboard)
+        policy = PolicyService(core, store, settings.policy)
         return cls(
-            settings, store, engine, parking, metrics, sampler, policy, ready, False, config_path
+            settings, store, engine, driver, metrics, sampler, policy, ready, False, config_path
         )
+
+    @property
+    def parking(self) -> SessionCore:
+        """The session core (the state machine every route and the policy drive)."""
+        return self.driver.core
 
     def host_snapshot(self) -> HostSnapshot:
         """What this daemon holds now (``GET /v1/host``, metrics, history, status)."""
-        settings = self.settings
-        return HostSnapshot(
-            ready=self.ready.is_set(),
-            model_uid=self.engine.model_uid,
-            dma_backend=self.parking.transfer.name,
-            listen=f"{settings.server.host}:{settings.server.port}",
-            **self.parking.host(),
+        server = self.settings.server
+        return self.parking.snapshot(
+            ready=self.ready.is_set(), listen=f"{server.host}:{server.port}"
         )
 
     def warm_up(self) -> None:
         """Compile the engine's and the restore path's shapes, then report ready (/readyz)."""
         try:
             self.engine.warmup()
-            warmup = getattr(self.parking.transfer, "warmup", None)
+            warmup = getattr(self.driver.transfer, "warmup", None)
             tiers = list(self.parking.tiers.values())
             if warmup is not None and tiers:
                 warmup(self.engine, max(tiers, key=lambda t: t.capacity_blocks))
@@ -141,7 +153,7 @@ class Runtime:
 
     def drain(self) -> dict[str, int]:
         """Park every session into shm/disk within the configured deadline (idempotent)."""
-        summary = self.parking.drain(self.settings.shutdown.deadline_s)
+        summary = drain(self.parking, self.settings.shutdown.deadline_s)
         self.drained = True
         return summary
 

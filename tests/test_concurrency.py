@@ -32,7 +32,7 @@ class Gate:
 
 @pytest.fixture
 def gate(daemon: Daemon) -> Iterator[Gate]:
-    transfer = daemon.runtime.parking.transfer
+    transfer = daemon.runtime.driver.transfer
     assert isinstance(transfer, HostCopyTransfer)
     gate = Gate(transfer)
     yield gate
@@ -82,7 +82,7 @@ def test_two_sessions_pausing_at_once_both_finish_and_resume_bit_exact(
     wait_until(lambda: gate.waiting >= 2)  # both copies in flight at the same time
     gate.open.set()
     wait_until(lambda: _state(daemon, "a") == _state(daemon, "b") == "parked")
-    daemon.runtime.parking.check_invariants()
+    daemon.runtime.driver.check_invariants()
 
     reference = c.post("/v1/sessions/twin/generate", json=NEXT).json()
     for sid in ("a", "b"):

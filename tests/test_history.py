@@ -15,12 +15,14 @@ import pytest
 
 from agentpark.config import DashboardSettings, load_settings
 from agentpark.errors import ConfigError
-from agentpark.history import HostSampler, merge_samples, percentile
+from agentpark.history import HostSampler, merge_samples
+from agentpark.snapshot import Counters, HostSnapshot, PoolFigures, TierFigures
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.models import EventRow, SessionRow
 from agentpark.store.repository import SessionStore
 from agentpark.store.samples import SampleStore
+from agentpark.tally import percentile
 from tests.conftest import wait_until
 
 T0 = 1_800_000_000.0  # a multiple of 600 and of 60: buckets start on it
@@ -28,7 +30,7 @@ HOUR = 3600.0
 
 
 class FakeHost:
-    """A host view whose figures the test sets (what Parking.host() returns)."""
+    """A host snapshot whose figures the test sets (what the session core reports)."""
 
     def __init__(self) -> None:
         self.reclaimed = 0
@@ -36,15 +38,37 @@ class FakeHost:
         self.sessions = {"active": 0, "parked": 0}
         self.dram_used = 0
 
-    def __call__(self) -> dict[str, Any]:
-        return {
-            "pool": {"total_bytes": 1_000_000, "used_bytes": self.used},
-            "reclaimed_bytes": self.reclaimed,
-            "tiers": {
-                "dram": {"capacity_bytes": 500_000, "used_bytes": self.dram_used, "x": 1},
+    def __call__(self) -> HostSnapshot:
+        total, block = 1_000_000, 1000
+        return HostSnapshot(
+            ready=True,
+            model_uid="m",
+            dma_backend="host_copy",
+            listen="127.0.0.1:0",
+            pool=PoolFigures(
+                total_blocks=total // block,
+                used_blocks=self.used // block,
+                free_blocks=(total - self.used) // block,
+                block_size_tokens=16,
+                block_bytes=block,
+                total_bytes=total,
+                used_bytes=self.used,
+                free_bytes=total - self.used,
+            ),
+            reclaimed_bytes=self.reclaimed,
+            tiers={
+                "dram": TierFigures(
+                    persistent=False,
+                    capacity_blocks=500,
+                    used_blocks=self.dram_used // block,
+                    capacity_bytes=500_000,
+                    used_bytes=self.dram_used,
+                )
             },
-            "sessions": dict(self.sessions),
-        }
+            sessions=dict(self.sessions),
+            draining=False,
+            counters=Counters(),
+        )
 
 
 class Stores:

@@ -192,7 +192,7 @@ def test_restore_failure_and_recompute_fallback_are_counted(
     def broken_h2d(*_args: Any, **_kwargs: Any) -> None:
         raise RuntimeError("injected: DMA engine fell over")
 
-    monkeypatch.setattr(first.runtime.parking.transfer, "h2d", broken_h2d)
+    monkeypatch.setattr(first.runtime.driver.transfer, "h2d", broken_h2d)
     assert c.post("/v1/sessions/f/resume").status_code == 500
     assert c.get("/v1/sessions/f").json()["state"] == "parked"  # the copy is kept
     samples = scrape(first)

@@ -10,7 +10,7 @@ import pytest
 from agentpark.config import Settings
 from agentpark.engine.base import EngineAdapter
 from agentpark.errors import AgentparkError, TransferError
-from agentpark.parking import Parking
+from agentpark.parking import PauseOrder, SessionCore
 from agentpark.runtime import Runtime
 from agentpark.tiers.base import HostTier
 
@@ -46,9 +46,9 @@ def test_accounting_invariant_holds_after_every_step_of_a_random_workload(
         try:
             if op == "generate":
                 prompt = [rng.randrange(256) for _ in range(rng.randrange(0, 20))] or [1]
-                parking.generate("t", sid, prompt, rng.randrange(1, 24))
+                runtime.driver.generate("t", sid, prompt, rng.randrange(1, 24))
             elif op == "pause":
-                parking.pause("t", sid, tier=rng.choice(["auto", "dram", "shm"]))
+                parking.pause("t", sid, PauseOrder(tier=rng.choice(["auto", "dram", "shm"])))
             elif op == "move":
                 parking.move("t", sid, rng.choice(["dram", "shm"]))
             elif op == "resume":
@@ -60,7 +60,7 @@ def test_accounting_invariant_holds_after_every_step_of_a_random_workload(
         except AgentparkError as exc:
             outcome = exc.code  # pool_full, tier_full, limit_exceeded are legitimate
         outcomes[f"{op}:{outcome}"] = outcomes.get(f"{op}:{outcome}", 0) + 1
-        parking.check_invariants()
+        runtime.driver.check_invariants()
         alloc = runtime.engine.allocator
         assert alloc.num_free + alloc.num_used == alloc.total
         for name, tier in parking.tiers.items():
@@ -93,29 +93,30 @@ class FailingTransfer:
         self.inner.h2d(tier, slots, engine, ids)  # type: ignore[attr-defined]
 
 
-def _parking_with(runtime: Runtime, fail: str) -> Parking:
+def _parking_with(runtime: Runtime, fail: str) -> SessionCore:
     parking = runtime.parking
-    parking.transfer = FailingTransfer(parking.transfer, fail)
+    assert parking.mover.transfer is not None
+    parking.mover.transfer = FailingTransfer(parking.mover.transfer, fail)
     return parking
 
 
 def test_failed_pause_keeps_the_session_active_and_frees_the_tier(runtime: Runtime) -> None:
     parking = _parking_with(runtime, "d2h")
     parking.create("t", "s", None)
-    parking.generate("t", "s", [5, 6, 7], 10)
+    runtime.driver.generate("t", "s", [5, 6, 7], 10)
     blocks = list(runtime.engine.allocator.owned(("t", "s")))
     with pytest.raises(TransferError):
         parking.pause("t", "s")
     assert parking.get("t", "s").state == "active"
     assert runtime.engine.allocator.owned(("t", "s")) == blocks
     assert parking.tiers["dram"].used_blocks == 0
-    parking.check_invariants()
+    runtime.driver.check_invariants()
 
 
 def test_failed_restore_keeps_the_parked_copy(runtime: Runtime) -> None:
     parking = _parking_with(runtime, "h2d")
     parking.create("t", "s", None)
-    parking.generate("t", "s", [5, 6, 7], 10)
+    runtime.driver.generate("t", "s", [5, 6, 7], 10)
     parking.pause("t", "s")
     used = runtime.engine.allocator.num_used
     with pytest.raises(TransferError):
@@ -124,6 +125,6 @@ def test_failed_restore_keeps_the_parked_copy(runtime: Runtime) -> None:
     assert row.state == "parked" and row.tier == "dram"
     assert runtime.engine.allocator.num_used == used
     assert parking.tiers["dram"].used_blocks == row.kv_blocks > 0
-    parking.transfer = parking.transfer.inner  # type: ignore[attr-defined]
+    parking.mover.transfer = parking.mover.transfer.inner  # type: ignore[attr-defined]
     assert parking.resume("t", "s").restored_from == "dram"
-    parking.check_invariants()
+    runtime.driver.check_invariants()

@@ -155,7 +155,7 @@ def test_a_flipped_byte_in_a_parked_copy_is_caught_and_the_session_recomputed(
     history = list(PROMPT.encode()) + c.post("/v1/sessions/s/generate", json=FIRST).json()["tokens"]
     assert c.post("/v1/sessions/s/pause", json={"tier": tier}).json()["tier"] == tier
     parking = daemon.runtime.parking
-    slot = parking._sessions[("default", "s")].slots[1]
+    slot = parking.live("default", "s").slots[1]
     path = parking.tiers[tier].path  # type: ignore[attr-defined]
     offset = HEADER_BYTES + slot * daemon.runtime.engine.geometry.block_nbytes + 123
     with path.open("r+b") as f:  # another process damaging the file, as a bad disk would

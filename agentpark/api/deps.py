@@ -8,10 +8,17 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 
 from agentpark.errors import InvalidRequestError, NotReadyError
-from agentpark.parking import Parking
+from agentpark.parking import InProcessDriver, SessionCore
 from agentpark.runtime import Runtime
 
-__all__ = ["ParkingDep", "ReadyParkingDep", "ReadyRuntimeDep", "RuntimeDep", "TenantDep"]
+__all__ = [
+    "ParkingDep",
+    "ReadyDriverDep",
+    "ReadyParkingDep",
+    "ReadyRuntimeDep",
+    "RuntimeDep",
+    "TenantDep",
+]
 
 TENANT_HEADER = "X-Agentpark-Tenant"
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -25,11 +32,11 @@ def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_parking(runtime: RuntimeDep) -> Parking:
+def get_parking(runtime: RuntimeDep) -> SessionCore:
     return runtime.parking
 
 
-def get_ready_parking(runtime: RuntimeDep) -> Parking:
+def get_ready_parking(runtime: RuntimeDep) -> SessionCore:
     """For routes that run the engine: 503 until warm-up has finished."""
     if not runtime.ready.is_set():
         raise NotReadyError("the engine is still warming up; retry shortly")
@@ -56,6 +63,14 @@ def get_ready_runtime(runtime: RuntimeDep) -> Runtime:
 
 
 ReadyRuntimeDep = Annotated[Runtime, Depends(get_ready_runtime)]
-ParkingDep = Annotated[Parking, Depends(get_parking)]
-ReadyParkingDep = Annotated[Parking, Depends(get_ready_parking)]
+ParkingDep = Annotated[SessionCore, Depends(get_parking)]
+ReadyParkingDep = Annotated[SessionCore, Depends(get_ready_parking)]
+
+
+def get_ready_driver(runtime: ReadyRuntimeDep) -> InProcessDriver:
+    """The engine driver (generate), for routes that run the engine: 503 until warm."""
+    return runtime.driver
+
+
+ReadyDriverDep = Annotated[InProcessDriver, Depends(get_ready_driver)]
 TenantDep = Annotated[str, Depends(get_tenant)]

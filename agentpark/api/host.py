@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
 from agentpark.api.deps import ParkingDep, RuntimeDep, TenantDep
 from agentpark.api.schemas import EventOut, EventPage
+from agentpark.snapshot import HostSnapshot
 
 __all__ = ["router"]
 
@@ -16,16 +17,9 @@ router = APIRouter()
 
 
 @router.get("/v1/host", tags=["host"])
-def get_host(runtime: RuntimeDep) -> dict[str, Any]:
+def get_host(runtime: RuntimeDep) -> HostSnapshot:
     """Pool totals, HBM reclaimed by parking, tier use, sessions by state, counters."""
-    settings = runtime.settings
-    return {
-        "ready": runtime.ready.is_set(),
-        "model_uid": runtime.engine.model_uid,
-        "dma_backend": runtime.parking.transfer.name,
-        "listen": f"{settings.server.host}:{settings.server.port}",
-        **runtime.parking.host(),
-    }
+    return runtime.host_snapshot()
 
 
 @router.get("/v1/events", tags=["host"])
@@ -36,7 +30,9 @@ def list_events(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> EventPage:
     """Transitions with their durations and bytes, newest first."""
-    return EventPage(events=[EventOut.of(e) for e in parking.events(tenant, session_id, limit)])
+    return EventPage(
+        events=[EventOut.of(e) for e in parking.list_events(tenant, session_id, limit)]
+    )
 
 
 @router.get("/healthz", tags=["health"])

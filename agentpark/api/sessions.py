@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Response, status
 
-from agentpark.api.deps import ParkingDep, ReadyParkingDep, ReadyRuntimeDep, TenantDep
+from agentpark.api.deps import ParkingDep, ReadyDriverDep, ReadyParkingDep, TenantDep
 from agentpark.api.schemas import (
     GenerateRequest,
     GenerateResponse,
@@ -20,6 +20,7 @@ from agentpark.api.schemas import (
     SessionPage,
 )
 from agentpark.errors import InvalidRequestError
+from agentpark.parking import PauseOrder
 
 __all__ = ["router"]
 
@@ -67,13 +68,12 @@ def delete_session(parking: ParkingDep, tenant: TenantDep, session_id: str) -> R
 
 @router.post("/{session_id}/generate")
 def generate_tokens(
-    parking: ReadyParkingDep, tenant: TenantDep, session_id: str, body: GenerateRequest
+    driver: ReadyDriverDep, tenant: TenantDep, session_id: str, body: GenerateRequest
 ) -> GenerateResponse:
+    prompt = body.prompt_tokens or []
     if body.prompt is not None:
-        prompt = parking.engine.tokenize(body.prompt)
-    else:
-        prompt = body.prompt_tokens or []
-    result = parking.generate(
+        prompt = driver.tokenize(body.prompt)
+    result = driver.generate(
         tenant, session_id, prompt, body.max_new_tokens, body.temperature, body.seed
     )
     return GenerateResponse(
@@ -96,7 +96,7 @@ WaitQuery = Annotated[
 
 @router.post("/{session_id}/pause", responses={202: {"model": PauseResponse}})
 def pause_session(
-    runtime: ReadyRuntimeDep,
+    parking: ReadyParkingDep,
     tenant: TenantDep,
     session_id: str,
     response: Response,
@@ -105,34 +105,20 @@ def pause_session(
 ) -> PauseResponse:
     """The agent called a tool: park its KV, unless the pause is too short to be worth it."""
     body = body or PauseRequest()
-    parking, policy = runtime.parking, runtime.policy
-    parking.check_tier(body.tier)
-    row = parking.get(tenant, session_id)
-    expected: float | None = body.expected_resume_s
-    if body.force or row.state != "active" or not policy.config.enabled:
-        why = "forced by the caller" if body.force else "policy disabled or not active"
-        park = True
-    else:
-        advice = policy.advise_pause(row.kv_bytes, body.tool, body.expected_resume_s)
-        park, why, expected = advice.decision.park, advice.decision.why, advice.expected_s
-    if park:
-        # The learned or prior estimate stands in for the caller's: it drives prefetch too.
-        result = parking.pause(tenant, session_id, body.tier, body.tool, expected, wait=wait)
-        row, pause_ms = result.row, result.pause_ms
-        if pause_ms is None:
-            response.status_code = status.HTTP_202_ACCEPTED
-    else:
-        row = parking.keep(tenant, session_id, body.tool, expected, why)
-        pause_ms = 0.0
+    order = PauseOrder(body.tier, body.tool, body.expected_resume_s, body.force)
+    result = parking.pause(tenant, session_id, order, wait=wait)
+    if result.pause_ms is None:
+        response.status_code = status.HTTP_202_ACCEPTED
+    row = result.row
     return PauseResponse(
         session_id=session_id,
-        decision="parked" if park else "kept",
-        why=why,
-        expected_pause_s=expected,
+        decision=result.decision,
+        why=result.why,
+        expected_pause_s=result.expected_s,
         state=row.state,
         tier=row.tier,
         kv_bytes=row.kv_bytes,
-        pause_ms=pause_ms,
+        pause_ms=result.pause_ms,
     )
 
 

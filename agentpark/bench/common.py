@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentpark.engine.base import EngineAdapter
-from agentpark.parking import Parking, State
+from agentpark.enums import State
+from agentpark.parking import PauseOrder, SessionCore
 
 __all__ = [
     "BENCH_TENANT",
@@ -172,14 +173,14 @@ def snapshot_blocks(engine: EngineAdapter, blocks: Sequence[int]) -> list[np.nda
 BENCH_TENANT = "bench"
 
 
-def park(parking: Parking, session_id: str, tier: str) -> None:
+def park(parking: SessionCore, session_id: str, tier: str) -> None:
     """Pause a bench session into ``tier`` and insist it really landed there."""
-    row = parking.pause(BENCH_TENANT, session_id, tier=tier).row
+    row = parking.pause(BENCH_TENANT, session_id, PauseOrder(tier=tier, force=True)).row
     if row.state != State.PARKED or row.tier != tier:
         raise RuntimeError(f"pause left the session {row.state} in {row.tier}, not in {tier}")
 
 
-def restore(parking: Parking, session_id: str, source: str) -> None:
+def restore(parking: SessionCore, session_id: str, source: str) -> None:
     """Resume a bench session and insist it came back from ``source`` (a tier or recompute)."""
     result = parking.resume(BENCH_TENANT, session_id)
     if result.restored_from != source:

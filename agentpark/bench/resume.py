@@ -1,17 +1,17 @@
 """``agentpark bench resume``: resume from a tier against re-prefill from the token log.
 
-For each context length a session is built for real: :meth:`Parking.generate` prefills
+For each context length a session is built for real: :meth:`InProcessDriver.generate` prefills
 ``context - 1`` random prompt tokens (in the reference engine's 256-token chunks) and decodes
 one, so it holds ``context`` tokens of KV. Then, ``repeats`` times, interleaved:
 
-* pause to dram, then :meth:`Parking.resume` (timed): the copy back from the dram tier;
+* pause to dram, then :meth:`SessionCore.resume` (timed): the copy back from the dram tier;
 * pause to shm, then resume (timed): the same from the /dev/shm file, checksum verified
   (the daemon's default ``integrity.tiers`` checksums shm and disk);
-* pause to dram, then a daemon restart (a new :class:`Parking` over the same SQLite store;
+* pause to dram, then a daemon restart (a new session core over the same SQLite store;
   the dram copy died with the old process, so the session comes back LOST), then resume
   (timed): what a lost session costs, a re-prefill of the whole token log.
 
-All three are timed end to end around ``Parking.resume`` (block allocation, copy or compute,
+All three are timed end to end around ``SessionCore.resume`` (block allocation, copy or compute,
 SQLite writes). The speed-up of a repeat is its re-prefill time over its resume time.
 
 Each context gets an engine whose ``max_seq_len`` is the context itself: the reference engine
@@ -53,7 +53,8 @@ from agentpark.bench.common import (
 )
 from agentpark.dma.host_copy import HostCopyTransfer
 from agentpark.engine.reference import PREFILL_BUCKETS, ModelSpec, PoolSpec, ReferenceEngine
-from agentpark.parking import Parking, ParkingOptions, State
+from agentpark.enums import State
+from agentpark.parking import CoreOptions, InProcessDriver, SessionCore, in_process_core
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
@@ -129,9 +130,21 @@ class _ContextStack:
             self.dram.close()
             raise
         self.transfer = HostCopyTransfer()
-        # The daemon's defaults: shm and disk copies are checksummed (verified on resume).
-        self.options = ParkingOptions(max_new_tokens=1)
-        self.parking = Parking(store, self.engine, self.transfer, self.tiers, self.options)
+        self.driver = self._start()
+
+    def _start(self) -> InProcessDriver:
+        return in_process_core(
+            self.store,
+            self.engine,
+            self.transfer,
+            self.tiers,
+            max_new_tokens=1,
+            options=CoreOptions(),
+        )
+
+    @property
+    def parking(self) -> SessionCore:
+        return self.driver.core
 
     @property
     def tiers(self) -> list[DramTier | ShmTier]:
@@ -155,10 +168,10 @@ class _ContextStack:
 
     def restart(self, session_id: str) -> None:
         """What a daemon restart does: process memory (the dram tier) is gone, and a new
-        Parking re-attaches the sessions from SQLite, so one parked in dram becomes LOST."""
+        session core re-attaches the sessions from SQLite, so one parked in dram becomes LOST."""
         self.parking.close()
         self.dram.free((TENANT, session_id))
-        self.parking = Parking(self.store, self.engine, self.transfer, self.tiers, self.options)
+        self.driver = self._start()
 
     def close(self) -> None:
         self.parking.close()
@@ -242,7 +255,7 @@ def _bench_context(
     stack.parking.create(TENANT, session_id, {"bench": "resume", "context": context})
     try:
         prompt = rng.integers(0, stack.engine.vocab_size, context - 1).tolist()
-        result.prefill_s = timed(stack.parking.generate, TENANT, session_id, prompt, 1)
+        result.prefill_s = timed(stack.driver.generate, TENANT, session_id, prompt, 1)
         result.kv_bytes = stack.parking.get(TENANT, session_id).kv_bytes
         # What generate() built; the dram and shm resumes must give back exactly what the
         # pool held before their pause (this, or a re-prefill's bits if they differ).
@@ -297,7 +310,7 @@ def _ms(values: Sequence[float]) -> str:
 
 
 def _table(results: Sequence[ContextResult]) -> Table:
-    table = Table(title="agentpark bench resume: Parking.resume from a tier vs re-prefill")
+    table = Table(title="agentpark bench resume: SessionCore.resume from a tier vs re-prefill")
     names = ["context", "KV", "pause dram ms", "resume dram ms", "pause shm ms"]
     names += ["resume shm ms", "re-prefill s", "speed-up dram", "speed-up shm"]
     for name in names:
@@ -328,14 +341,14 @@ def _table(results: Sequence[ContextResult]) -> Table:
 def _notes(model: ModelSpec, repeats: int, results: Sequence[ContextResult]) -> list[str]:
     built = ", ".join(f"{r.context} tokens {r.prefill_s:.2f} s" for r in results if r.prefill_s)
     return [
-        f"median (min-max) of {repeats} repeats, interleaved; times around Parking.pause/"
+        f"median (min-max) of {repeats} repeats, interleaved; times around SessionCore.pause/"
         "resume (allocation, copy or compute, SQLite writes); speed-up = re-prefill time "
         "over resume time, per repeat.",
         f"model d_model {model.d_model}, {model.n_layers} layers, {model.n_heads} heads "
         f"({model.n_kv_heads} KV) x {model.head_dim}, ffn {model.ffn_dim}, bf16 KV, "
         f"blocks of {BLOCK_TOKENS} tokens, max_seq_len = the context; prefill in chunks of "
         f"{PREFILL_BUCKETS[-1]} tokens; jax {jax.__version__} ({jax.default_backend()}).",
-        "re-prefill: the session is paused to dram and the daemon restarted (new Parking on "
+        "re-prefill: the session is paused to dram and the daemon restarted (new session core on "
         "the same SQLite store): the dram copy is gone, the session is LOST, and its resume "
         "recomputes the KV from the token log. shm resumes include the checksum verify "
         "(integrity defaults); dram ones are not checksummed.",

@@ -1,8 +1,8 @@
 """``agentpark bench transfer``: pause/restore GB/s through the real control plane.
 
 For each size, one session holding that much KV is paused to one tier (``dram``, ``shm`` or
-``disk``) and resumed through :meth:`agentpark.parking.Parking.pause` /
-:meth:`~agentpark.parking.Parking.resume` (SQLite row and event writes included), ``repeats``
+``disk``) and resumed through :meth:`agentpark.parking.SessionCore.pause` /
+:meth:`~agentpark.parking.SessionCore.resume` (SQLite row and event writes included), ``repeats``
 times. Each repeat is interleaved with a plain ``np.copyto`` between two preallocated,
 pre-faulted buffers of the same size, so machine noise hits the reference and the measurement
 alike; the table reports medians, min-max spreads and the ratio of each direction to the
@@ -16,9 +16,9 @@ pause makes when the tier is checksummed and the call a resume makes to verify i
 
 Sessions get their KV synthetically (no model step is compiled for a huge context): seeded
 random pages are written into the pool by the DMA core itself, from a scratch DRAM tier, and
-the session is then handed those blocks (see :meth:`Parking.adopt_kv`). Once per size, before
-and after the timed repeats, the pool rows after a resume are compared with the parked bytes;
-any difference makes the bench exit 1.
+the session is then handed those blocks (see :meth:`InProcessDriver.adopt_kv`). Once per
+size, before and after the timed repeats, the pool rows after a resume are compared with
+the parked bytes; any difference makes the bench exit 1.
 
 The shm and disk tier files live in a temporary directory (under /dev/shm, and under the
 current directory or ``directory``) that is removed at the end, also on error.
@@ -65,7 +65,7 @@ from agentpark.dma.host_copy import HostCopyTransfer
 from agentpark.engine.base import EngineAdapter
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.integrity import checksum
-from agentpark.parking import Parking, ParkingOptions
+from agentpark.parking import CoreOptions, InProcessDriver, SessionCore, in_process_core
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
@@ -249,7 +249,11 @@ class _Stack:
     engine: ReferenceEngine
     transfer: HostCopyTransfer
     tier: HostTier
-    parking: Parking
+    driver: InProcessDriver
+
+    @property
+    def parking(self) -> SessionCore:
+        return self.driver.core
 
     @classmethod
     def build(
@@ -279,14 +283,16 @@ class _Stack:
             # Compile the restore scatter for every window size before anything is timed.
             transfer.warmup(engine, tier)
             # Checksums off: the rows measure the copy; checksum() is timed on its own.
-            options = ParkingOptions(max_new_tokens=1, checksum_tiers=frozenset())
-            parking = Parking(store, engine, transfer, [tier], options)
+            options = CoreOptions(checksum_tiers=frozenset())
+            driver = in_process_core(
+                store, engine, transfer, [tier], max_new_tokens=1, options=options
+            )
         except BaseException:
             if tier is not None:
                 tier.close()
             store.close()
             raise
-        return cls(store, engine, transfer, tier, parking)
+        return cls(store, engine, transfer, tier, driver)
 
     def close(self) -> None:
         self.parking.close()
@@ -433,7 +439,7 @@ def _bench_size(
         blocks = engine.allocator.allocate(key, num_blocks)
         expected = _fill_blocks(stack, blocks, rng)  # the bytes the session must get back
         tokens = rng.integers(0, engine.vocab_size, num_tokens).tolist()
-        parking.adopt_kv(TENANT, session_id, tokens, blocks, np.zeros(engine.vocab_size, "f4"))
+        stack.driver.adopt_kv(TENANT, session_id, tokens, blocks, np.zeros(engine.vocab_size, "f4"))
         result.mismatch = pool_mismatch(engine, expected, blocks, "after fill")
         src, dst = prefaulted(size), prefaulted(size)
         if tier.name == "disk":
@@ -475,12 +481,12 @@ def _bench_size(
     return result
 
 
-def _round_trip(parking: Parking, session_id: str, tier: str) -> None:
+def _round_trip(parking: SessionCore, session_id: str, tier: str) -> None:
     park(parking, session_id, tier)
     restore(parking, session_id, tier)
 
 
-def _parked_slots(parking: Parking, session_id: str) -> list[int]:
+def _parked_slots(parking: SessionCore, session_id: str) -> list[int]:
     handle = parking.get(TENANT, session_id).parked_handle or {}
     return list(handle["slots"])
 
@@ -527,7 +533,7 @@ def _ratio_cell(ratios: Sequence[float], target: float | None) -> str:
 
 def _table(tier: str, results: Sequence[SizeResult]) -> Table:
     disk = tier == "disk"
-    title = f"agentpark bench transfer --tier {tier}: Parking.pause/resume vs np.copyto"
+    title = f"agentpark bench transfer --tier {tier}: SessionCore.pause/resume vs np.copyto"
     table = Table(title=title + (" and a plain file write/read" if disk else ""))
     names = ["KV/session", "pause GB/s", "restore GB/s", "copyto GB/s", "pause ratio"]
     names.append("restore ratio")
@@ -581,7 +587,7 @@ def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> lis
     notes = [
         f"GB = 1e9 bytes; median (min-max) of {repeats} repeats; a ratio is, per repeat, the "
         "operation's GB/s over the reference run just before it (same size, preallocated, "
-        "pre-faulted buffers); pause and restore are timed around Parking.pause/resume "
+        "pre-faulted buffers); pause and restore are timed around SessionCore.pause/resume "
         "(SQLite writes included), with checksums off.",
         f"pool {geometry.num_blocks} blocks x {human(geometry.block_nbytes)} "
         f"({geometry.block_size} tokens), {tier} tier {human(tier_bytes)}, "

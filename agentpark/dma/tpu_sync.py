@@ -195,6 +195,7 @@ class TpuSyncTransfer:
         tier: HostTier,
         slots: Sequence[int],
     ) -> None:
+        check_copy(block_ids, engine.geometry.num_blocks, slots, self.host_blocks)
         if engine is not self.engine:
             raise ValueError("this tpu_sync transfer is bound to another engine")
         if self._tier is None:
@@ -209,7 +210,6 @@ class TpuSyncTransfer:
                 f"this tpu_sync transfer holds the bytes of the {self._tier.name} tier; the "
                 f"{tier.name} tier's slots would alias the same TPU Sync host blocks"
             )
-        check_copy(block_ids, engine.geometry.num_blocks, slots, self.host_blocks)
 
     def _bound_manager(self) -> KVCacheManagerLike:
         """The manager, built on first use; the pool must not have moved since. Hold the lock."""

@@ -1,15 +1,17 @@
 """Policy rules: pure functions of (now, session, host, config) -> action.
 
-No I/O, no clock, no locks: the loop (agentpark.policy.loop) takes a snapshot, asks these,
+No I/O, no clock, no locks: the loop (agentpark.policy.service) takes a snapshot, asks these,
 and carries the actions out through parking. That keeps every rule table-testable.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentpark.config import PolicySettings
+from agentpark.enums import PARKING_TIERS, State
 
 __all__ = [
     "Demote",
@@ -20,12 +22,13 @@ __all__ = [
     "SessionView",
     "demote_rule",
     "idle_rule",
+    "least_recently_used",
     "pause_decision",
     "prefetch_rule",
     "pressure_rule",
 ]
 
-TIER_ORDER = ("dram", "shm", "disk")
+TIER_ORDER: tuple[str, ...] = tuple(PARKING_TIERS)
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class PauseDecision:
 
 
 def _idle_candidate(s: SessionView) -> bool:
-    return s.state == "active" and s.kv_blocks > 0 and not s.busy
+    return s.state == State.ACTIVE and s.kv_blocks > 0 and not s.busy
 
 
 def idle_rule(now: float, s: SessionView, cfg: PolicySettings) -> Park | None:
@@ -88,21 +91,30 @@ def idle_rule(now: float, s: SessionView, cfg: PolicySettings) -> Park | None:
     return None
 
 
+def least_recently_used(sessions: Sequence[SessionView], blocks: int) -> list[SessionView]:
+    """Idle sessions, least recently used first, until their blocks add up to ``blocks``.
+
+    All idle sessions when even all of them hold fewer. The pressure rule and the room
+    a generate makes for itself both choose with this.
+    """
+    chosen: list[SessionView] = []
+    freed = 0
+    for s in sorted(filter(_idle_candidate, sessions), key=lambda v: v.last_active_at):
+        if freed >= blocks:
+            break
+        chosen.append(s)
+        freed += s.kv_blocks
+    return chosen
+
+
 def pressure_rule(
     sessions: Sequence[SessionView], host: HostView, cfg: PolicySettings
 ) -> list[Park]:
     """Above the watermark, park idle sessions least recently used first until below it."""
-    limit = cfg.hbm_high_watermark * host.total_blocks
-    used = host.used_blocks
-    if used <= limit:
+    excess = host.used_blocks - cfg.hbm_high_watermark * host.total_blocks
+    if excess <= 0:
         return []
-    actions: list[Park] = []
-    for s in sorted(filter(_idle_candidate, sessions), key=lambda v: v.last_active_at):
-        if used <= limit:
-            break
-        actions.append(Park(s.key, "pressure"))
-        used -= s.kv_blocks
-    return actions
+    return [Park(s.key, "pressure") for s in least_recently_used(sessions, math.ceil(excess))]
 
 
 def restore_seconds(kv_bytes: int, host: HostView, cfg: PolicySettings) -> float:
@@ -114,7 +126,7 @@ def prefetch_rule(
     now: float, s: SessionView, host: HostView, cfg: PolicySettings
 ) -> Prefetch | None:
     """Restore a parked session ahead of its expected resume, if the pool has room."""
-    if s.state != "parked" or s.busy or s.expected_resume_at is None:
+    if s.state != State.PARKED or s.busy or s.expected_resume_at is None:
         return None
     start_at = s.expected_resume_at - cfg.prefetch_lead_s - restore_seconds(s.kv_bytes, host, cfg)
     if now < start_at:
@@ -125,7 +137,7 @@ def prefetch_rule(
 
 def demote_rule(now: float, s: SessionView, host: HostView, cfg: PolicySettings) -> Demote | None:
     """Move a parked session to the next enabled tier once it has sat long enough."""
-    if s.state != "parked" or s.busy or s.tier is None or s.tier_since is None:
+    if s.state != State.PARKED or s.busy or s.tier is None or s.tier_since is None:
         return None
     after = cfg.demote_after_s.get(s.tier)  # type: ignore[call-overload]
     if after is None or now - s.tier_since < after:

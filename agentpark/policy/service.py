@@ -1,9 +1,11 @@
-"""The policy loop: looks at every session each tick and acts through parking.
+"""The policy loop: looks at every session each tick and acts through the
+session core.
 
 Rules (agentpark.policy.rules) decide; this module only gathers the snapshot, carries out
-the actions with a reason (idle, pressure, prefetch, demote), and owns the current policy
+the actions with a reason (idle, pressure, prefetch, demote), advises the core on
+each explicit pause (keep or park, and why), and owns the current policy
 so SIGHUP or POST /v1/admin/reload can swap it without a restart. Every action shows up
-as an event with its reason, written by parking.
+as an event with its reason, written by the core.
 """
 
 from __future__ import annotations
@@ -11,16 +13,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 from agentpark.config import PolicySettings
+from agentpark.enums import Reason
 from agentpark.errors import AgentparkError
-from agentpark.parking import Parking
+from agentpark.parking import PauseAdvice, PauseOrder, SessionCore
 from agentpark.policy.rules import (
     Demote,
     HostView,
     Park,
-    PauseDecision,
     Prefetch,
     SessionView,
     demote_rule,
@@ -30,54 +31,56 @@ from agentpark.policy.rules import (
     pressure_rule,
 )
 from agentpark.policy.tools import ToolStats
+from agentpark.store.repository import SessionStore
 
-__all__ = ["PauseAdvice", "PolicyService"]
+__all__ = ["PolicyService"]
 
 log = logging.getLogger(__name__)
 
 Action = Park | Prefetch | Demote
 
 
-@dataclass(frozen=True)
-class PauseAdvice:
-    decision: PauseDecision
-    expected_s: float | None
-    source: str
-
-
 class PolicyService:
-    def __init__(self, parking: Parking, config: PolicySettings) -> None:
-        self.parking = parking
+    """Advises the core on every explicit pause and runs the rules' loop."""
+
+    def __init__(self, core: SessionCore, store: SessionStore, config: PolicySettings) -> None:
+        self.core = core
         self.config = config
         self.tools = ToolStats(config.tool_window)
-        self.tools.load(parking.store.tool_returns(config.tool_window))
-        parking.add_listener(self.tools.on_event)
+        self.tools.load(store.tool_returns(config.tool_window))
+        core.add_listener(self.tools.on_event)
+        core.advisor = self.advise_pause
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # ---- decisions asked by the API -------------------------------------------------
+    # ---- the decision the core asks for ---------------------------------------------
 
     def advise_pause(
         self, kv_bytes: int, tool: str | None, expected_resume_s: float | None
     ) -> PauseAdvice:
-        """Park or keep: the orchestrator's estimate, else the tool's learned pause."""
+        """Park or keep: the orchestrator's estimate, else the tool's learned pause.
+
+        The learned or prior estimate stands in for the caller's: it drives prefetch too.
+        """
         cfg = self.config
         expected: float | None
         if expected_resume_s is not None:
             expected, source = expected_resume_s, "given by the caller"
         else:
             expected, source = self.tools.expected(tool, cfg)
+        if not cfg.enabled:
+            return PauseAdvice(True, "policy disabled: every pause parks", expected)
         decision = pause_decision(expected, source, kv_bytes, self.host_view(), cfg)
-        return PauseAdvice(decision, expected, source)
+        return PauseAdvice(decision.park, decision.why, expected)
 
     def host_view(self) -> HostView:
-        alloc = self.parking.engine.allocator
+        pool = self.core.host.pool_figures()
         return HostView(
-            total_blocks=alloc.total,
-            used_blocks=alloc.num_used,
-            block_bytes=self.parking.engine.geometry.block_nbytes,
-            bandwidth_bps=self.parking.bandwidth_bps,
-            tiers=tuple(self.parking.tiers),
+            total_blocks=pool.total_blocks,
+            used_blocks=pool.used_blocks,
+            block_bytes=pool.block_bytes,
+            bandwidth_bps=self.core.bandwidth_bps,
+            tiers=tuple(self.core.tiers),
         )
 
     # ---- the loop -------------------------------------------------------------------
@@ -98,7 +101,7 @@ class PolicyService:
                 tier_since=row.tier_since,
                 expected_resume_at=row.expected_resume_at,
             )
-            for row, busy in self.parking.snapshot()
+            for row, busy in self.core.sessions()
         ]
         actions: list[Action] = list(pressure_rule(views, host, cfg))
         chosen = {a.key for a in actions}
@@ -121,11 +124,11 @@ class PolicyService:
             tenant, session_id = action.key
             try:
                 if isinstance(action, Park):
-                    self.parking.pause(tenant, session_id, reason=action.reason)
+                    self.core.pause(tenant, session_id, PauseOrder(reason=action.reason))
                 elif isinstance(action, Demote):
-                    self.parking.move(tenant, session_id, action.to_tier, reason="demote")
+                    self.core.move(tenant, session_id, action.to_tier, reason=Reason.DEMOTE)
                 else:
-                    self.parking.resume(tenant, session_id, reason="prefetch")
+                    self.core.resume(tenant, session_id, reason=Reason.PREFETCH)
                 done.append(action)
             except AgentparkError as exc:
                 log.info("policy: %s of %s/%s not done: %s", action, tenant, session_id, exc)
@@ -146,7 +149,7 @@ class PolicyService:
 
     def _run(self) -> None:
         while not self._stop.wait(self.config.tick_s):
-            if self.parking.draining:
+            if self.core.draining:
                 return
             if not self.config.enabled:
                 continue

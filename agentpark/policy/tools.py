@@ -31,7 +31,7 @@ class ToolStats:
             self._seen.setdefault(tool, deque(maxlen=self._window)).append(seconds)
 
     def on_event(self, event: EventRow) -> None:
-        """Parking listener: learn from every tool_return event."""
+        """Event listener: learn from every tool_return event."""
         if event.kind == "tool_return" and event.detail and event.duration_ms is not None:
             self.observe(event.detail, event.duration_ms / 1e3)
 

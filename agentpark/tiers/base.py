@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from agentpark.blocks import BlockAllocator, PoolExhaustedError, PoolGeometry
+from agentpark.enums import Medium
 from agentpark.errors import TierFullError
 
 __all__ = ["BackendHeldTier", "HostTier", "SlotTier"]
@@ -24,6 +25,9 @@ class HostTier(Protocol):
     name: str
     geometry: PoolGeometry
     persistent: bool  # survives a daemon restart (shm, disk)
+
+    @property
+    def medium(self) -> Medium: ...
 
     @property
     def capacity_blocks(self) -> int: ...
@@ -49,6 +53,7 @@ class SlotTier:
 
     name = "tier"
     persistent = False
+    medium = Medium.HOST
 
     def __init__(self, geometry: PoolGeometry, capacity_blocks: int) -> None:
         self.geometry = geometry

@@ -214,7 +214,7 @@ def test_pause_while_a_resume_is_in_flight_is_409(daemon: Daemon) -> None:
     c.post("/v1/sessions/s/generate", json={"prompt": "abc", "max_new_tokens": 5})
     c.post("/v1/sessions/s/pause")
     engine = daemon.runtime.engine
-    live = daemon.runtime.parking._sessions[("default", "s")]
+    live = daemon.runtime.parking.live("default", "s")
     results: list[httpx.Response] = []
     with engine.lock:  # the restore copy cannot start until we let go
         resumer = threading.Thread(

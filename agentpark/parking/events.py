@@ -1,0 +1,114 @@
+"""The event log: every transition is an event, written in the same transaction as the row
+it explains, then handed to the listeners (metrics, learned tool pauses, counters).
+
+Listeners added after start-up first see the events start-up wrote (sessions lost to a
+restart), so metrics count those too. A listener that raises is logged, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from agentpark.enums import EventKind, Reason
+from agentpark.store.models import EventRow, SessionRow
+from agentpark.store.repository import SessionStore
+
+__all__ = ["EventListener", "EventLog"]
+
+log = logging.getLogger(__name__)
+
+EventListener = Callable[[EventRow], None]
+
+DETAIL_LIMIT = 1024  # events.detail is a String(1024)
+
+
+class EventLog:
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self._listeners: list[EventListener] = []
+        self._startup: list[EventRow] | None = []
+
+    def add_listener(self, listener: EventListener) -> None:
+        """Call ``listener`` with every committed event, starting with those of start-up."""
+        for event in self._startup or ():
+            listener(event)
+        self._listeners.append(listener)
+
+    @staticmethod
+    def event(
+        row: SessionRow,
+        kind: EventKind,
+        at: float,
+        *,
+        from_state: str | None = None,
+        to_state: str | None = None,
+        from_tier: str | None = None,
+        to_tier: str | None = None,
+        reason: str = Reason.EXPLICIT,
+        nbytes: int | None = None,
+        duration_ms: float | None = None,
+        detail: str | None = None,
+    ) -> EventRow:
+        """A new event about ``row`` (not yet written)."""
+        return EventRow(
+            tenant=row.tenant,
+            session_id=row.session_id,
+            kind=kind,
+            at=at,
+            from_state=from_state,
+            to_state=to_state,
+            from_tier=from_tier,
+            to_tier=to_tier,
+            reason=reason,
+            bytes=nbytes,
+            duration_ms=duration_ms,
+            detail=None if detail is None else detail[:DETAIL_LIMIT],
+        )
+
+    def insert(self, row: SessionRow, event: EventRow) -> None:
+        """Write a new session with its first event, then notify."""
+        self.store.insert(row, event)
+        self._notify(event)
+
+    def commit(self, row: SessionRow, *events: EventRow) -> None:
+        """Persist the row with the events that explain it, then notify."""
+        self.store.save(row, *events)
+        for event in events:
+            self._notify(event)
+
+    def commit_at_startup(self, row: SessionRow, *events: EventRow) -> None:
+        """Like commit, before any listener exists: kept for listeners added later."""
+        self.store.save(row, *events)
+        if self._startup is not None:
+            self._startup.extend(events)
+
+    def failure(
+        self,
+        row: SessionRow,
+        kind: EventKind,
+        exc: Exception,
+        *,
+        at: float,
+        from_tier: str | None = None,
+        to_tier: str | None = None,
+    ) -> None:
+        """Record a failed copy; the row stays as it was before the attempt."""
+        log.error("%s for %s/%s: %s", kind, row.tenant, row.session_id, exc)
+        event = self.event(
+            row,
+            kind,
+            at,
+            to_state=row.state,
+            from_tier=from_tier,
+            to_tier=to_tier,
+            detail=f"{type(exc).__name__}: {exc}",
+        )
+        self.commit(row, event)
+
+    def _notify(self, event: EventRow) -> None:
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:
+                log.exception("event listener failed on %s", event.kind)

@@ -1,0 +1,352 @@
+"""The in-process driver: the session core driven by an engine that runs in this daemon.
+
+The reference engine (or any :class:`~agentpark.engine.base.EngineAdapter`) owns the pool
+and its block allocator; this driver allocates a session's blocks, runs generate (prefill
+and decode), recomputes a lost session from its token log, and makes room for a generate
+by parking idle sessions (least recently used first) before it allocates.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentpark.blocks import PoolExhaustedError
+from agentpark.dma.base import Transfer
+from agentpark.engine.base import EngineAdapter
+from agentpark.engine.sampling import sample
+from agentpark.enums import EventKind, Reason, RestoredFrom, State
+from agentpark.errors import (
+    AgentparkError,
+    InvalidRequestError,
+    InvalidStateError,
+    LimitExceededError,
+    PoolFullError,
+)
+from agentpark.parking.core import CoreOptions, PauseOrder, SessionCore
+from agentpark.parking.mover import EnginePool, Mover
+from agentpark.parking.recovery import recover
+from agentpark.parking.registry import LiveSession
+from agentpark.policy.rules import SessionView, least_recently_used
+from agentpark.snapshot import PoolFigures
+from agentpark.store.models import SessionRow
+from agentpark.store.repository import SessionStore
+from agentpark.tiers.base import HostTier
+
+__all__ = ["GenerateResult", "InProcessDriver", "in_process_core"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    row: SessionRow
+    tokens: list[int]
+    text: str
+    resumed: bool
+    restored_from: RestoredFrom | None
+    resume_ms: float | None
+    next_logits: np.ndarray
+
+
+class InProcessDriver:
+    """The core's KV host for an engine in this process, and the generate path."""
+
+    def __init__(self, engine: EngineAdapter, transfer: Transfer, max_new_tokens: int) -> None:
+        self.engine = engine
+        self.transfer = transfer
+        self.max_new_tokens = max_new_tokens
+        self.geometry = engine.geometry
+        self.model_uid = engine.model_uid
+        self.backend_name = transfer.name
+        self._pool = EnginePool(engine)
+        self.core: SessionCore  # set by in_process_core
+
+    # ---- KVHost -------------------------------------------------------------------------
+
+    def endpoint(self) -> EnginePool:
+        return self._pool
+
+    def claim(self, live: LiveSession, n: int) -> list[int]:
+        if n <= 0:
+            return []
+        try:
+            return self.engine.allocator.allocate(live.key, n)
+        except PoolExhaustedError as exc:
+            block = self.geometry.block_nbytes
+            raise PoolFullError(
+                f"KV pool is full: needs {exc.needed} blocks ({exc.needed * block} bytes), "
+                f"{exc.free} of {exc.total} free",
+                needed_blocks=exc.needed,
+                free_blocks=exc.free,
+                total_blocks=exc.total,
+                block_bytes=block,
+            ) from None
+
+    def release(self, live: LiveSession, blocks: Sequence[int]) -> None:
+        if blocks:
+            self.engine.allocator.free(live.key, blocks)
+
+    def recompute(self, live: LiveSession, blocks: Sequence[int]) -> None:
+        live.next_logits = self.engine.extend(blocks, 0, live.tokens)
+
+    def pool_figures(self) -> PoolFigures:
+        alloc, block = self.engine.allocator, self.geometry.block_nbytes
+        used, free = alloc.num_used, alloc.num_free
+        return PoolFigures(
+            total_blocks=alloc.total,
+            used_blocks=used,
+            free_blocks=free,
+            block_size_tokens=self.geometry.block_size,
+            block_bytes=block,
+            total_bytes=alloc.total * block,
+            used_bytes=used * block,
+            free_bytes=free * block,
+        )
+
+    # ---- generate -----------------------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.engine.tokenize(text)
+
+    def generate(
+        self,
+        tenant: str,
+        session_id: str,
+        prompt_tokens: Sequence[int],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        seed: int = 0,
+    ) -> GenerateResult:
+        """Append the prompt, decode ``max_new_tokens``; a parked session is resumed first."""
+        core = self.core
+        core.refuse_if_draining()
+        live = core.live(tenant, session_id)
+        self._check_generate(prompt_tokens, max_new_tokens)
+        with core.registry.operation(live, "generate"):
+            row = live.row
+            if row.state not in (State.ACTIVE, State.PARKED, State.LOST):
+                raise InvalidStateError(f"cannot generate in state {row.state}", state=row.state)
+            if not prompt_tokens and live.next_logits is None:
+                raise InvalidRequestError(
+                    "the session has no tokens yet: give a prompt or prompt_tokens"
+                )
+            total = len(live.tokens) + len(prompt_tokens) + max_new_tokens
+            self._check_fits(total)
+            # Reserve every block this call needs before touching anything, so a full pool
+            # fails here with the session unchanged.
+            need = self.geometry.blocks_for(total) - len(live.block_table)
+            self._make_room(live, need)
+            extra = self.claim(live, need)
+            restored_from = resume_ms = None
+            try:
+                if row.state != State.ACTIVE:
+                    restore = extra[: self.geometry.blocks_for(len(live.tokens))]
+                    extra = extra[len(restore) :]
+                    result = core.restore_locked(live, restore, Reason.GENERATE)
+                    restored_from, resume_ms = result.restored_from, result.resume_ms
+                live.block_table.extend(extra)
+                extra = []
+                core.observe_tool_return(live)
+                new = self._decode(live, prompt_tokens, max_new_tokens, temperature, seed)
+            finally:
+                self.release(live, extra)
+                self._trim(live)
+            assert live.next_logits is not None
+            return GenerateResult(
+                row=row,
+                tokens=new,
+                text=self.engine.detokenize(new),
+                resumed=restored_from is not None,
+                restored_from=restored_from,
+                resume_ms=resume_ms,
+                next_logits=live.next_logits,
+            )
+
+    def adopt_kv(
+        self,
+        tenant: str,
+        session_id: str,
+        tokens: Sequence[int],
+        block_ids: Sequence[int],
+        next_logits: np.ndarray,
+    ) -> SessionRow:
+        """Give a new, empty session KV that was prefilled outside agentpark.
+
+        For benchmarks and engines that prefill on their own. ``block_ids`` must already be
+        allocated to the session in ``engine.allocator``, number exactly
+        ``blocks_for(len(tokens))`` and hold the KV of ``tokens`` in order.
+        """
+        core = self.core
+        live = core.live(tenant, session_id)
+        with core.registry.operation(live, "adopt"):
+            row = live.row
+            if row.state != State.ACTIVE or live.tokens or live.block_table:
+                raise InvalidStateError("only a new, empty, active session can adopt KV")
+            needed = self.geometry.blocks_for(len(tokens))
+            if len(block_ids) != needed:
+                raise InvalidRequestError(
+                    f"{len(tokens)} tokens need {needed} blocks, got {len(block_ids)}"
+                )
+            if sorted(self.engine.allocator.owned(live.key)) != sorted(block_ids):
+                raise InvalidRequestError("the blocks are not (all) allocated to this session")
+            live.tokens = list(tokens)
+            live.block_table = list(block_ids)
+            live.next_logits = np.asarray(next_logits, dtype=np.float32)
+            now = time.time()
+            core.sync_kv(live)
+            row.last_active_at = now
+            event = core.events.event(
+                row, EventKind.ADOPT, now, to_state=State.ACTIVE, nbytes=row.kv_bytes
+            )
+            core.events.commit(row, event)
+            return row
+
+    def check_invariants(self) -> None:
+        """Pool and tier accounting agree with the sessions (tests and debugging)."""
+        alloc = self.engine.allocator
+        alloc.check_invariants()
+        self.core.check_invariants(owned=lambda live: alloc.owned(live.key))
+        held = [b for live in self.core.registry.all() for b in live.block_table]
+        assert len(held) == len(set(held)), "a block is owned twice"
+        assert len(held) == alloc.num_used, "blocks used by no session"
+
+    # ---- steps --------------------------------------------------------------------------
+
+    def _check_generate(self, prompt_tokens: Sequence[int], max_new_tokens: int) -> None:
+        if not 1 <= max_new_tokens <= self.max_new_tokens:
+            raise LimitExceededError(
+                f"max_new_tokens must be between 1 and {self.max_new_tokens}",
+                max_new_tokens=max_new_tokens,
+                limit=self.max_new_tokens,
+            )
+        bad = [t for t in prompt_tokens if not 0 <= t < self.engine.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"token ids must be in 0..{self.engine.vocab_size - 1}", bad_tokens=bad[:10]
+            )
+
+    def _check_fits(self, total_tokens: int) -> None:
+        limit = self.engine.max_seq_len
+        if total_tokens > limit:
+            raise LimitExceededError(
+                f"session would hold {total_tokens} tokens; the model's limit is {limit} "
+                "(tokens so far + prompt + max_new_tokens)",
+                tokens=total_tokens,
+                max_seq_len=limit,
+            )
+        blocks = self.geometry.blocks_for(total_tokens)
+        if blocks > self.geometry.num_blocks:
+            raise LimitExceededError(
+                f"session would need {blocks} KV blocks; the whole pool has "
+                f"{self.geometry.num_blocks}",
+                blocks=blocks,
+                pool_blocks=self.geometry.num_blocks,
+            )
+
+    def _make_room(self, live: LiveSession, needed: int) -> None:
+        """Park idle sessions, least recently used first, until ``needed`` blocks are free.
+
+        Never one that an operation holds (a generate in flight), never the caller. If
+        parking every idle session would still not make room, park none: the caller's
+        allocation then fails with 507 and the numbers.
+        """
+        short = needed - self.engine.allocator.num_free
+        if short <= 0:
+            return
+        others = [o for o in self.core.registry.all() if o is not live]
+        views = [_view(o) for o in others]
+        chosen = least_recently_used(views, short)
+        if sum(v.kv_blocks for v in chosen) < short:
+            return
+        for view in chosen:
+            try:
+                self.core.pause(*view.key, PauseOrder(reason=Reason.PRESSURE))
+            except AgentparkError as exc:  # busy by now, or no tier has room
+                log.info("pressure: could not park %s: %s", view.key, exc.message)
+
+    def _decode(
+        self,
+        live: LiveSession,
+        prompt_tokens: Sequence[int],
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+    ) -> list[int]:
+        row = live.row
+        started = time.perf_counter()
+        logits = live.next_logits
+        if prompt_tokens:
+            logits = self.engine.extend(live.block_table, len(live.tokens), prompt_tokens)
+            live.tokens.extend(prompt_tokens)
+        new: list[int] = []
+        try:
+            for _ in range(max_new_tokens):
+                assert logits is not None
+                token = sample(logits, temperature, seed, len(live.tokens))
+                logits = self.engine.extend(live.block_table, len(live.tokens), [token])
+                live.tokens.append(token)
+                new.append(token)
+        finally:
+            live.next_logits = logits
+            now = time.time()
+            self.core.sync_kv(live)
+            row.last_active_at = now
+            event = self.core.events.event(
+                row,
+                EventKind.GENERATE,
+                now,
+                to_state=State.ACTIVE,
+                duration_ms=(time.perf_counter() - started) * 1e3,
+                detail=f"prompt={len(prompt_tokens)} new={len(new)}",
+            )
+            self.core.events.commit(row, event)
+            self.core.counters.tokens_generated += len(new)
+        return new
+
+    def _trim(self, live: LiveSession) -> None:
+        """Give back blocks beyond what the token log needs (after a failed or short run)."""
+        keep = self.geometry.blocks_for(len(live.tokens))
+        surplus = live.block_table[keep:]
+        if surplus:
+            self.release(live, surplus)
+            live.block_table = live.block_table[:keep]
+            self.core.sync_kv(live)
+
+
+def _view(live: LiveSession) -> SessionView:
+    row = live.row
+    return SessionView(
+        key=live.key,
+        state=row.state,
+        tier=row.tier,
+        kv_blocks=len(live.block_table),
+        kv_bytes=row.kv_bytes,
+        last_active_at=row.last_active_at,
+        busy=live.busy,
+    )
+
+
+def in_process_core(
+    store: SessionStore,
+    engine: EngineAdapter,
+    transfer: Transfer,
+    tiers: Sequence[HostTier],
+    *,
+    max_new_tokens: int = 512,
+    options: CoreOptions | None = None,
+) -> InProcessDriver:
+    """A session core over ``engine`` with its driver; sessions in SQLite are re-attached.
+
+    The core is ``driver.core``.
+    """
+    options = options or CoreOptions()
+    driver = InProcessDriver(engine, transfer, max_new_tokens)
+    mover = Mover(engine.geometry, tiers, transfer, options.checksum_tiers)
+    driver.core = SessionCore(store, driver, mover, options)
+    recover(driver.core)
+    return driver

@@ -1,0 +1,195 @@
+"""The mover: reserves tier slots and moves block bytes between an engine's pool and tiers.
+
+Bookkeeping and bytes are apart, as in vLLM's kv_offload: :meth:`Mover.reserve` takes
+slots (all or nothing, one 507 naming every tier tried), the session core commits or
+frees them, and :meth:`Mover.copy` moves bytes through a handler chosen by the (source
+medium, destination medium) pair:
+
+=================  =====================================================================
+(pool, host)       the DMA backend's ``d2h``: an engine's device pool into a tier
+(host, pool)       the DMA backend's ``h2d``: a tier back into an engine's pool
+(host, host)       memcpy per run consecutive on both sides: tier to tier (drain,
+                   demotion), or an external engine's host-resident pool
+=================  =====================================================================
+
+Checksums (xxh3) are taken of the copy as it sits in the tier, after it landed, and
+checked before it is restored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from agentpark.blocks import PoolGeometry, paired_runs
+from agentpark.dma.base import Transfer
+from agentpark.engine.base import EngineAdapter
+from agentpark.enums import PARKING_TIERS, Medium, TierChoice
+from agentpark.errors import InvalidRequestError, TierFullError, TransferError
+from agentpark.integrity import checksum
+from agentpark.tiers.base import HostTier
+
+__all__ = ["ArrayPool", "Endpoint", "EnginePool", "Mover", "copy_host_blocks"]
+
+
+class Endpoint(Protocol):
+    @property
+    def medium(self) -> Medium: ...
+
+
+class HostBuffers(Endpoint, Protocol):
+    def buffers(self) -> list[np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class EnginePool:
+    """An in-process engine's pool, as a copy source or destination."""
+
+    engine: EngineAdapter
+    medium: Medium = Medium.POOL
+
+
+@dataclass(frozen=True)
+class ArrayPool:
+    """A pool held as host numpy arrays, one per pool array, block axis first.
+
+    What an external engine whose KV lives in host memory hands the core (a CPU engine
+    in this process; the fake engine of the tests).
+    """
+
+    arrays: tuple[np.ndarray, ...]
+    medium: Medium = Medium.HOST
+
+    def buffers(self) -> list[np.ndarray]:
+        return list(self.arrays)
+
+
+Handler = Callable[[Any, Sequence[int], Any, Sequence[int]], None]
+
+
+def copy_host_blocks(
+    src: HostBuffers, src_ids: Sequence[int], dst: HostBuffers, dst_ids: Sequence[int]
+) -> None:
+    """Copy ``src`` row ``src_ids[i]`` to ``dst`` row ``dst_ids[i]`` in every buffer."""
+    starts, dests, sizes = paired_runs(src_ids, dst_ids)
+    for src_buf, dst_buf in zip(src.buffers(), dst.buffers(), strict=True):
+        for s, d, n in zip(starts, dests, sizes, strict=True):
+            np.copyto(dst_buf[d : d + n], src_buf[s : s + n])
+
+
+class Mover:
+    """Tier slots and the copies between them and a pool, for the session core."""
+
+    def __init__(
+        self,
+        geometry: PoolGeometry,
+        tiers: Sequence[HostTier],
+        transfer: Transfer | None,
+        checksum_tiers: frozenset[str],
+    ) -> None:
+        self.geometry = geometry
+        # In auto order: the first with room takes a pause (dram, then shm, then disk).
+        self.tiers: dict[str, HostTier] = {t.name: t for t in tiers}
+        self.transfer = transfer
+        self.checksum_tiers = checksum_tiers
+        # Measured copy speed (bytes/s, moving average of pauses and restores): the
+        # break-even and prefetch rules price a round trip with it.
+        self.bandwidth_bps = 5e9
+        self._handlers: dict[tuple[Medium, Medium], Handler] = {
+            (Medium.HOST, Medium.HOST): copy_host_blocks,
+        }
+        if transfer is not None:
+            self._handlers[Medium.POOL, Medium.HOST] = self._device_to_host
+            self._handlers[Medium.HOST, Medium.POOL] = self._host_to_device
+
+    # ---- which tier ---------------------------------------------------------------------
+
+    def candidates(self, choice: str, *, persistent_only: bool = False) -> list[HostTier]:
+        """The tiers a pause may use, in order; 422 for an unknown or disabled tier."""
+        if choice not in set(TierChoice):
+            names = ", ".join(TierChoice)
+            raise InvalidRequestError(f"unknown tier {choice!r}; one of {names}", tier=choice)
+        enabled = [t for t in self.tiers.values() if not persistent_only or t.persistent]
+        if choice == TierChoice.AUTO:
+            return enabled
+        tier = self.tiers.get(choice)
+        if tier is None:
+            names = ", ".join(["auto", *self.tiers])
+            raise InvalidRequestError(
+                f"tier {choice!r} is not enabled on this daemon; enabled: {names}", tier=choice
+            )
+        return [tier]
+
+    def lower_tiers(self, name: str) -> list[str]:
+        """Enabled tiers below ``name`` in the demotion order."""
+        order = [str(t) for t in PARKING_TIERS]
+        if name not in order:
+            return []
+        return [t for t in order[order.index(name) + 1 :] if t in self.tiers]
+
+    def reserve(
+        self, owner: Hashable, candidates: Sequence[HostTier], n: int
+    ) -> tuple[HostTier, list[int]]:
+        """Slots for ``n`` blocks in the first candidate with room, or one 507 naming all."""
+        failures: dict[str, Any] = {}
+        for tier in candidates:
+            try:
+                return tier, tier.allocate(owner, n)
+            except TierFullError as exc:
+                failures[tier.name] = {
+                    "free_blocks": exc.details["free_blocks"],
+                    "capacity_blocks": exc.details["capacity_blocks"],
+                }
+        block = self.geometry.block_nbytes
+        names = ", ".join(failures) or "none enabled"
+        raise TierFullError(
+            f"no tier has room for {n} blocks ({n * block} bytes): {names}",
+            needed_blocks=n,
+            tiers=failures,
+        )
+
+    # ---- bytes --------------------------------------------------------------------------
+
+    def copy(
+        self, src: Endpoint, src_ids: Sequence[int], dst: Endpoint, dst_ids: Sequence[int]
+    ) -> None:
+        """Move blocks ``src_ids[i] -> dst_ids[i]`` with the handler for the two media."""
+        handler = self._handlers.get((src.medium, dst.medium))
+        if handler is None:
+            raise TransferError(f"no copy handler from {src.medium} to {dst.medium}")
+        handler(src, src_ids, dst, dst_ids)
+
+    def _device_to_host(
+        self, src: EnginePool, ids: Sequence[int], dst: HostTier, slots: Sequence[int]
+    ) -> None:
+        assert self.transfer is not None
+        self.transfer.d2h(src.engine, ids, dst, slots)
+
+    def _host_to_device(
+        self, src: HostTier, slots: Sequence[int], dst: EnginePool, ids: Sequence[int]
+    ) -> None:
+        assert self.transfer is not None
+        self.transfer.h2d(src, slots, dst.engine, ids)
+
+    def land(self, tier: HostTier, slots: Sequence[int]) -> str | None:
+        """After a copy into ``tier``: make it durable, return its checksum (or None)."""
+        tier.flush()
+        return self.digest(tier, slots)
+
+    def digest(self, tier: HostTier, slots: Sequence[int]) -> str | None:
+        if tier.name in self.checksum_tiers:
+            return checksum(tier, slots)
+        return None
+
+    def intact(self, tier: HostTier, slots: Sequence[int], expected: str | None) -> bool:
+        """Whether a parked copy still matches the checksum taken when it landed."""
+        if expected is None or tier.name not in self.checksum_tiers:
+            return True
+        return checksum(tier, slots) == expected
+
+    def measured(self, nbytes: int, elapsed_ms: float) -> None:
+        if nbytes > 0 and elapsed_ms > 0:
+            self.bandwidth_bps = 0.8 * self.bandwidth_bps + 0.2 * nbytes / (elapsed_ms / 1e3)

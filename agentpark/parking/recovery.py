@@ -1,0 +1,88 @@
+"""Recovery at start: re-attach the sessions SQLite knows to what survived the last process.
+
+KV in the pool or the dram tier died with that process: those sessions become LOST and
+are recomputed on resume. Sessions parked in a persistent tier whose file was re-attached
+keep their slots and stay PARKED.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from agentpark.enums import EventKind, Reason, State
+from agentpark.parking.core import SessionCore
+from agentpark.parking.registry import LiveSession
+
+__all__ = ["recover"]
+
+log = logging.getLogger(__name__)
+
+
+def recover(core: SessionCore) -> int:
+    """Re-attach every live row; returns how many sessions were re-attached."""
+    now = time.time()
+    for row in core.store.live_rows():
+        live = LiveSession(row, _decode_tokens(row.token_log), _decode_logits(row.next_logits))
+        reason = _lost_reason(core, live)
+        if reason is not None:
+            event = core.events.event(
+                row,
+                EventKind.LOST,
+                now,
+                from_state=row.state,
+                to_state=State.LOST,
+                from_tier=row.tier,
+                reason=Reason.RESTART,
+                nbytes=row.kv_bytes,
+                detail=reason,
+            )
+            core.mark_lost(live, reason)
+            core.events.commit_at_startup(row, event)
+        elif row.state not in (State.PARKED, State.LOST, State.ACTIVE):
+            row.state = State.ACTIVE  # no tokens, so no KV to lose
+            core.store.save(row)
+        core.registry.add(live)
+    if len(core.registry):
+        log.info("re-attached %d sessions", len(core.registry))
+    return len(core.registry)
+
+
+def _lost_reason(core: SessionCore, live: LiveSession) -> str | None:
+    """Why this session's KV did not survive, or None when it did (or it had none)."""
+    row = live.row
+    if row.state == State.LOST:
+        return None
+    if row.state != State.PARKED:
+        if row.num_tokens == 0:
+            return None
+        return "daemon restarted: the KV pool is process memory"
+    tier = core.tiers.get(row.tier or "")
+    if tier is None:
+        return f"daemon restarted: the {row.tier} tier is not enabled"
+    if not tier.persistent:
+        return f"daemon restarted: the {row.tier} tier is process memory"
+    problem = getattr(tier, "attach_problem", None)
+    if problem:
+        return f"{tier.name} tier file refused at start: {problem}"
+    if not getattr(tier, "reattached", False):
+        return f"the {tier.name} tier file was gone at start (reboot or cleanup)"
+    slots = list((row.parked_handle or {}).get("slots", []))
+    if len(slots) != row.kv_blocks:
+        return f"parked copy index is inconsistent ({len(slots)} slots, {row.kv_blocks} blocks)"
+    try:
+        tier.claim(live.key, slots)
+    except ValueError as exc:
+        return f"cannot re-attach its {tier.name} slots: {exc}"
+    live.slots = slots
+    return None
+
+
+def _decode_tokens(blob: bytes) -> list[int]:
+    return np.frombuffer(blob, dtype="<i4").astype(int).tolist() if blob else []
+
+
+def _decode_logits(blob: bytes | None) -> np.ndarray | None:
+    return None if blob is None else np.frombuffer(blob, dtype=np.float32).copy()
