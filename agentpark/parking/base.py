@@ -1,0 +1,342 @@
+"""The session core's state and shared steps; transitions live in pausing and restoring."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import numpy as np
+
+from agentpark.blocks import PoolGeometry
+from agentpark.enums import EventKind, Reason, State
+from agentpark.errors import (
+    InvalidRequestError,
+    NotReadyError,
+    SessionExistsError,
+    SessionNotFoundError,
+    TransferError,
+)
+from agentpark.parking.events import EventListener, EventLog
+from agentpark.parking.mover import Endpoint, Mover
+from agentpark.parking.registry import LiveSession, Registry
+from agentpark.parking.types import (
+    Advisor,
+    CoreOptions,
+    KVHost,
+)
+from agentpark.snapshot import Counters, HostSnapshot, TierFigures
+from agentpark.store.models import EventRow, SessionRow
+from agentpark.store.repository import SessionStore
+from agentpark.tally import EventTally
+from agentpark.tiers.base import HostTier
+
+__all__ = ["SESSION_ID_RE", "CoreBase"]
+
+log = logging.getLogger(__name__)
+
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_R = TypeVar("_R")
+
+
+class CoreBase:
+    """The core's state (registry, event log, mover) and the steps every transition shares."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        host: KVHost,
+        mover: Mover,
+        options: CoreOptions | None = None,
+    ) -> None:
+        self.store = store
+        self.host = host
+        self.mover = mover
+        self.options = options or CoreOptions()
+        self.registry = Registry()
+        self.events = EventLog(store)
+        self.counters = Counters()
+        self.draining = False
+        self.advisor: Advisor | None = None
+        self._tally = EventTally()
+        self.events.add_listener(self._count)
+        self._background = ThreadPoolExecutor(
+            self.options.background_workers, thread_name_prefix="agentpark-copy"
+        )
+
+    @property
+    def tiers(self) -> dict[str, HostTier]:
+        return self.mover.tiers
+
+    @property
+    def bandwidth_bps(self) -> float:
+        return self.mover.bandwidth_bps
+
+    @property
+    def geometry(self) -> PoolGeometry:
+        return self.host.geometry
+
+    def add_listener(self, listener: EventListener) -> None:
+        """Call ``listener`` with every committed event, starting with those of start-up."""
+        self.events.add_listener(listener)
+
+    def close(self) -> None:
+        """Wait for background copies (wait=false pauses and resumes) to finish."""
+        self._background.shutdown(wait=True)
+
+    def _count(self, event: EventRow) -> None:
+        self._tally.add(event)
+        self.counters.pauses = self._tally.pauses
+        self.counters.resumes = self._tally.resumes
+        self.counters.recomputes = self._tally.recomputes
+        self.counters.bytes_parked = self._tally.bytes_parked
+        self.counters.bytes_restored = self._tally.bytes_restored
+
+    # ---- lookups ------------------------------------------------------------------------
+
+    def get(self, tenant: str, session_id: str) -> SessionRow:
+        """A session by id, deleted ones included (their rows are history)."""
+        live = self.registry.find((tenant, session_id))
+        if live is not None:
+            return live.row
+        row = self.store.get(tenant, session_id)
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        return row
+
+    def live(self, tenant: str, session_id: str) -> LiveSession:
+        """The live session; 404 unknown, 409 deleted."""
+        key = (tenant, session_id)
+        found = self.registry.find(key)
+        return found or self.registry.require(key, self.store.get(tenant, session_id))
+
+    def page(self, tenant: str, state: str | None, limit: int, after_seq: int) -> list[SessionRow]:
+        """A page from SQLite, with in-flight states (pausing, resuming) from memory."""
+        rows = self.store.page(tenant, state, limit, after_seq)
+        return [self._live_row(r) for r in rows]
+
+    def _live_row(self, row: SessionRow) -> SessionRow:
+        live = self.registry.find((row.tenant, row.session_id))
+        return live.row if live is not None else row
+
+    def list_events(self, tenant: str, session_id: str | None, limit: int) -> Sequence[EventRow]:
+        return self.store.events(tenant, session_id, limit)
+
+    def sessions(self) -> list[tuple[SessionRow, bool]]:
+        """Every live session and whether an operation holds it now (for the policy loop)."""
+        return [(live.row, live.busy) for live in self.registry.all()]
+
+    def live_sessions(self) -> list[SessionRow]:
+        return [live.row for live in self.registry.all()]
+
+    # ---- create and delete --------------------------------------------------------------
+
+    def create(
+        self, tenant: str, session_id: str | None, metadata: dict[str, Any] | None
+    ) -> SessionRow:
+        self.refuse_if_draining()
+        session_id = session_id or uuid.uuid4().hex
+        if not SESSION_ID_RE.match(session_id):
+            raise InvalidRequestError(
+                "session_id must be 1-128 characters of letters, digits and ._:- "
+                "starting with a letter or digit",
+                session_id=session_id,
+            )
+        now = time.time()
+        with self.registry.adding() as sessions:
+            if (tenant, session_id) in sessions or self.store.get(tenant, session_id):
+                raise SessionExistsError(session_id)
+            row = SessionRow(
+                session_id=session_id,
+                tenant=tenant,
+                state=State.ACTIVE,
+                tier=None,
+                num_tokens=0,
+                kv_blocks=0,
+                kv_bytes=0,
+                created_at=now,
+                last_active_at=now,
+                pause_count=0,
+                meta=metadata or {},
+                token_log=b"",
+            )
+            self.events.insert(
+                row, self.events.event(row, EventKind.CREATE, now, to_state=State.ACTIVE)
+            )
+            sessions[(tenant, session_id)] = LiveSession(row, [], None)
+        return row
+
+    def delete(self, tenant: str, session_id: str) -> None:
+        """Free everything the session holds; idempotent for an already deleted session."""
+        live = self.registry.find((tenant, session_id))
+        if live is None:
+            self.get(tenant, session_id)  # 404 if it never existed; deleted: nothing to do
+            return
+        with self.registry.operation(live, "delete"):
+            row = live.row
+            now = time.time()
+            event = self.events.event(
+                row, EventKind.DELETE, now, to_state=State.DELETED, nbytes=row.kv_bytes
+            )
+            self.release_blocks(live)
+            self.free_slots(live)
+            row.state, row.tier, row.deleted_at = State.DELETED, None, now
+            row.kv_blocks = row.kv_bytes = 0
+            row.parked_handle = None
+            self.events.commit(row, event)
+            self.registry.remove(live)
+
+    def drop_corrupt(self, live: LiveSession, tier_name: str) -> None:
+        row = live.row
+        reason = f"checksum mismatch in the {tier_name} tier: parked copy is damaged"
+        log.error("session %s/%s: %s; recomputing", row.tenant, row.session_id, reason)
+        event = self.events.event(
+            row,
+            EventKind.CORRUPT,
+            time.time(),
+            from_state=row.state,
+            to_state=State.LOST,
+            from_tier=tier_name,
+            reason=Reason.CHECKSUM,
+            nbytes=row.kv_bytes,
+            detail=reason,
+        )
+        self.free_slots(live)
+        self.mark_lost(live, reason)
+        self.events.commit(row, event)
+
+    def observe_tool_return(self, live: LiveSession) -> None:
+        """The agent is back from its tool: record how long the tool took (learned pauses)."""
+        row = live.row
+        if row.tool is None or row.paused_at is None:
+            return
+        now = time.time()
+        event = self.events.event(
+            row,
+            EventKind.TOOL_RETURN,
+            now,
+            to_state=row.state,
+            detail=row.tool,
+            duration_ms=(now - row.paused_at) * 1e3,
+        )
+        row.tool, row.expected_resume_at = None, None
+        self.events.commit(row, event)
+
+    # ---- host view ----------------------------------------------------------------------
+
+    def snapshot(self, *, ready: bool, listen: str) -> HostSnapshot:
+        """Pool, tier and session totals (``GET /v1/host`` and everything that shows it)."""
+        block = self.geometry.block_nbytes
+        sessions = {s.value: 0 for s in State if s is not State.DELETED}
+        reclaimed = 0
+        for row in self.live_sessions():
+            sessions[row.state] = sessions.get(row.state, 0) + 1
+            if row.state == State.PARKED:
+                reclaimed += row.kv_bytes
+        tiers = {
+            name: TierFigures(
+                persistent=tier.persistent,
+                capacity_blocks=tier.capacity_blocks,
+                used_blocks=tier.used_blocks,
+                capacity_bytes=tier.capacity_blocks * block,
+                used_bytes=tier.used_blocks * block,
+            )
+            for name, tier in self.tiers.items()
+        }
+        return HostSnapshot(
+            ready=ready,
+            model_uid=self.host.model_uid,
+            dma_backend=self.host.backend_name,
+            listen=listen,
+            pool=self.host.pool_figures(),
+            reclaimed_bytes=reclaimed,
+            tiers=tiers,
+            sessions=sessions,
+            draining=self.draining,
+            counters=self.counters.model_copy(),
+        )
+
+    # ---- shared steps -------------------------------------------------------------------
+
+    def refuse_if_draining(self) -> None:
+        if self.draining:
+            raise NotReadyError("the daemon is draining for shutdown; retry on the next start")
+
+    def _endpoint(self) -> Endpoint:
+        endpoint = self.host.endpoint()
+        if endpoint is None:
+            raise TransferError("this engine copies its own blocks; the core cannot reach them")
+        return endpoint
+
+    def _run(self, live: LiveSession, job: Callable[[], _R], wait: bool, pending: _R) -> _R:
+        """Run an operation whose session is already taken; release it when done.
+
+        ``wait=False`` hands the copy to a worker and returns ``pending`` at once; the
+        session shows PAUSING/RESUMING until the worker finishes (or fails and says so in
+        an event).
+        """
+        if wait:
+            try:
+                return job()
+            finally:
+                self.registry.release(live)
+
+        def in_background() -> None:
+            try:
+                job()
+            except Exception:
+                log.exception("background %s of %s failed", live.operation, live.key)
+            finally:
+                self.registry.release(live)
+
+        self._background.submit(in_background)
+        return pending
+
+    def mark_lost(self, live: LiveSession, reason: str) -> None:
+        row = live.row
+        row.state, row.tier, row.lost_reason = State.LOST, None, reason
+        row.kv_blocks = row.kv_bytes = 0
+        row.parked_handle, row.checksum = None, None
+
+    def free_slots(self, live: LiveSession) -> None:
+        tier = self.tiers.get(live.row.tier or "")
+        if tier is not None:
+            tier.free(live.key)
+        live.slots = []
+
+    def release_blocks(self, live: LiveSession) -> None:
+        if live.block_table:
+            self.host.release(live, live.block_table)
+        live.block_table = []
+
+    def sync_kv(self, live: LiveSession, log_changed: bool = True) -> None:
+        """Mirror the live KV state into the row; the token log only when it changed
+        (re-encoding a long log is a millisecond a pause or restore need not pay)."""
+        row = live.row
+        if log_changed:
+            row.num_tokens = len(live.tokens)
+            row.token_log = np.asarray(live.tokens, dtype="<i4").tobytes()
+            row.next_logits = None if live.next_logits is None else live.next_logits.tobytes()
+        row.kv_blocks = len(live.block_table)
+        row.kv_bytes = row.kv_blocks * self.geometry.block_nbytes
+
+    def check_invariants(self, owned: Callable[[LiveSession], list[int]] | None = None) -> None:
+        """Tier accounting agrees with the sessions; with ``owned`` (the engine's record of
+        each session's blocks), the block tables too. For tests and debugging."""
+        parked = dict.fromkeys(self.tiers, 0)
+        for live in self.registry.all():
+            if owned is not None:
+                assert set(owned(live)) == set(live.block_table), f"{live.key}: pool disagrees"
+            if live.row.state == State.ACTIVE and live.tokens and owned is not None:
+                assert len(live.block_table) == self.geometry.blocks_for(len(live.tokens))
+            if live.row.state == State.PARKED:
+                assert not live.block_table and len(live.slots) == live.row.kv_blocks
+                parked[live.row.tier or ""] += len(live.slots)
+            else:
+                assert not live.slots, f"{live.key}: slots held while {live.row.state}"
+        for name, tier in self.tiers.items():
+            assert tier.used_blocks == parked[name], f"{name}: slots used by no session"

@@ -1,0 +1,252 @@
+"""Pause (park or keep) and move: the transitions that take KV off the pool or between tiers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from agentpark.enums import EventKind, Reason, State, TierChoice
+from agentpark.errors import (
+    InvalidRequestError,
+    InvalidStateError,
+    TransferError,
+)
+from agentpark.parking.base import CoreBase
+from agentpark.parking.registry import LiveSession
+from agentpark.parking.types import (
+    MoveResult,
+    PauseAdvice,
+    PauseOrder,
+    PauseResult,
+    as_transfer_error,
+)
+from agentpark.store.models import SessionRow
+from agentpark.tiers.base import HostTier
+
+__all__ = ["Pausing"]
+
+
+class Pausing(CoreBase):
+    """ACTIVE -> PAUSING -> PARKED, ACTIVE -> ACTIVE (kept), PARKED -> PARKED (moved)."""
+
+    def check_tier(self, choice: str) -> None:
+        """422 for a tier name this daemon does not know or has not enabled."""
+        self.mover.candidates(choice)
+
+    def pause(
+        self,
+        tenant: str,
+        session_id: str,
+        order: PauseOrder = PauseOrder(),  # noqa: B008 (frozen, so one default is safe)
+        wait: bool = True,
+    ) -> PauseResult:
+        """Park the session's blocks in a host tier, or keep them when the pause is short.
+
+        The decision is the advisor's (break-even, learned tool pauses), taken under the
+        session's lock; ``force`` and background reasons (idle, pressure) always park.
+        The tier's slots are reserved before anything moves (507 when no tier has room);
+        with ``wait=False`` the copy runs in the background and the result says PAUSING.
+        """
+        if order.reason != Reason.DRAIN:
+            self.refuse_if_draining()
+        candidates = self.mover.candidates(order.tier)
+        live = self.live(tenant, session_id)
+        self.registry.acquire(live, "pause")
+        try:
+            row = live.row
+            if row.state in (State.PARKED, State.LOST):
+                self.registry.release(live)
+                return PauseResult(row, "parked", "already off the pool", None, 0.0)
+            if row.state != State.ACTIVE:
+                raise InvalidStateError(f"cannot pause in state {row.state}", state=row.state)
+            advice = self._advise(row, order)
+            if not advice.park:
+                self.keep_locked(live, order.tool, advice.expected_s, advice.why)
+                self.registry.release(live)
+                return PauseResult(row, "kept", advice.why, advice.expected_s, 0.0)
+            dst, slots = self.mover.reserve(live.key, candidates, len(live.block_table))
+            row.state = State.PAUSING
+        except BaseException:
+            if live.operation is not None:
+                self.registry.release(live)
+            raise
+
+        def job() -> PauseResult:
+            ms = self.park_locked(live, dst, slots, order.tool, advice.expected_s, order.reason)
+            return PauseResult(row, "parked", advice.why, advice.expected_s, ms)
+
+        return self._run(
+            live, job, wait, PauseResult(row, "parked", advice.why, advice.expected_s, None)
+        )
+
+    def _advise(self, row: SessionRow, order: PauseOrder) -> PauseAdvice:
+        if order.force:
+            return PauseAdvice(True, "forced by the caller", order.expected_resume_s)
+        if order.reason != Reason.EXPLICIT:
+            return PauseAdvice(True, f"policy: {order.reason}", order.expected_resume_s)
+        if self.advisor is None:
+            return PauseAdvice(True, "no policy: every pause parks", order.expected_resume_s)
+        return self.advisor(row.kv_bytes, order.tool, order.expected_resume_s)
+
+    def park_locked(
+        self,
+        live: LiveSession,
+        dst: HostTier,
+        slots: list[int],
+        tool: str | None,
+        expected_resume_s: float | None,
+        reason: str,
+    ) -> float:
+        """Copy the session's blocks into ``slots`` of ``dst`` and commit PARKED.
+
+        The caller holds the session and reserved the slots; on failure they are freed
+        and the session is ACTIVE again, its blocks untouched. Returns the milliseconds.
+        """
+        row = live.row
+        started = time.perf_counter()
+        blocks = list(live.block_table)
+        try:
+            source = self._endpoint()
+            self.mover.copy(source, blocks, dst, slots)
+            digest = self.mover.land(dst, slots)
+        except Exception as exc:
+            dst.free(live.key)
+            row.state = State.ACTIVE
+            self.events.failure(row, EventKind.PAUSE_FAILED, exc, at=time.time(), to_tier=dst.name)
+            raise as_transfer_error("pause", exc) from exc
+        self.release_blocks(live)
+        self.commit_parked(
+            live, dst, slots, digest, len(blocks), started, tool, expected_resume_s, reason
+        )
+        return (time.perf_counter() - started) * 1e3
+
+    def commit_parked(
+        self,
+        live: LiveSession,
+        dst: HostTier,
+        slots: list[int],
+        digest: str | None,
+        num_blocks: int,
+        started: float,
+        tool: str | None,
+        expected_resume_s: float | None,
+        reason: str,
+    ) -> None:
+        """The copy is in ``slots`` of ``dst`` and the pool's blocks are gone: say PARKED."""
+        row = live.row
+        live.slots = slots
+        now = time.time()
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        nbytes = num_blocks * self.geometry.block_nbytes
+        event = self.events.event(
+            row,
+            EventKind.PAUSE,
+            now,
+            from_state=State.ACTIVE,
+            to_state=State.PARKED,
+            to_tier=dst.name,
+            reason=reason,
+            nbytes=nbytes,
+            duration_ms=elapsed_ms,
+            detail=f"tool={tool}" if tool else None,
+        )
+        row.state, row.tier, row.tier_since = State.PARKED, dst.name, now
+        self.mover.measured(nbytes, elapsed_ms)
+        row.pause_count += 1
+        if reason == Reason.EXPLICIT or row.tool is None:
+            # A new wait starts here; a policy pause of a session already waiting on its
+            # tool (kept at first, parked later) keeps the wait's start and estimate.
+            row.paused_at, row.tool = now, tool
+            row.expected_resume_at = None if expected_resume_s is None else now + expected_resume_s
+        row.parked_handle = {"slots": slots}
+        row.checksum = digest
+        row.kv_blocks, row.kv_bytes = num_blocks, nbytes
+        self.events.commit(row, event)
+
+    def keep_locked(
+        self, live: LiveSession, tool: str | None, expected_resume_s: float | None, why: str
+    ) -> None:
+        """Record a pause the advisor decided not to park: the KV stays in the pool.
+
+        The session is marked as waiting on its tool (paused_at, tool, expected resume),
+        so the tool's real duration is learned when it returns, and the idle and pressure
+        rules can still park it if the wait runs long or the pool needs the room.
+        """
+        row = live.row
+        now = time.time()
+        event = self.events.event(
+            row,
+            EventKind.KEEP,
+            now,
+            from_state=State.ACTIVE,
+            to_state=State.ACTIVE,
+            reason=Reason.BREAK_EVEN,
+            nbytes=row.kv_bytes,
+            detail=why,
+        )
+        row.paused_at, row.tool = now, tool
+        row.expected_resume_at = None if expected_resume_s is None else now + expected_resume_s
+        self.events.commit(row, event)
+
+    def move(
+        self, tenant: str, session_id: str, tier: str, reason: str = Reason.EXPLICIT
+    ) -> MoveResult:
+        """Move a parked session's copy to another tier (drain, demotion, operator)."""
+        if reason not in (Reason.DRAIN, Reason.DEMOTE):
+            self.refuse_if_draining()
+        live = self.live(tenant, session_id)
+        if tier == TierChoice.AUTO:
+            raise InvalidRequestError("move needs a tier name, not auto")
+        (dst,) = self.mover.candidates(tier)
+        with self.registry.operation(live, "move"):
+            return self.move_locked(live, [dst], reason)
+
+    def move_locked(
+        self, live: LiveSession, candidates: Sequence[HostTier], reason: str
+    ) -> MoveResult:
+        row = live.row
+        if row.state != State.PARKED:
+            raise InvalidStateError(
+                f"only a parked session can move; this one is {row.state}", state=row.state
+            )
+        src = self.tiers[row.tier or ""]
+        if src in candidates:
+            return MoveResult(row, src.name, 0.0)
+        started = time.perf_counter()
+        others = [t for t in candidates if t is not src]
+        dst, slots = self.mover.reserve(live.key, others, len(live.slots))
+        try:
+            self.mover.copy(src, live.slots, dst, slots)
+            digest = self.mover.land(dst, slots)
+        except Exception as exc:
+            dst.free(live.key)
+            self.events.failure(row, EventKind.MOVE_FAILED, exc, at=time.time(), to_tier=dst.name)
+            raise as_transfer_error("move", exc) from exc
+        if row.checksum and digest and digest != row.checksum:
+            # The copy we moved from was already damaged: do not keep a bad copy.
+            dst.free(live.key)
+            self.drop_corrupt(live, src.name)
+            raise TransferError(
+                f"the parked copy in {src.name} failed its checksum; the session is lost "
+                "and will be recomputed on resume"
+            )
+        src.free(live.key)
+        live.slots = slots
+        now = time.time()
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        event = self.events.event(
+            row,
+            EventKind.MOVE,
+            now,
+            from_state=State.PARKED,
+            to_state=State.PARKED,
+            from_tier=src.name,
+            to_tier=dst.name,
+            reason=reason,
+            nbytes=row.kv_bytes,
+            duration_ms=elapsed_ms,
+        )
+        row.tier, row.parked_handle, row.tier_since = dst.name, {"slots": slots}, now
+        row.checksum = digest or row.checksum
+        self.events.commit(row, event)
+        return MoveResult(row, src.name, elapsed_ms)

@@ -1,0 +1,124 @@
+"""Resume: PARKED -> RESUMING -> ACTIVE, or LOST -> RECOMPUTING -> ACTIVE."""
+
+from __future__ import annotations
+
+import time
+
+from agentpark.enums import EventKind, Reason, RestoredFrom, State
+from agentpark.errors import (
+    InvalidStateError,
+)
+from agentpark.parking.base import CoreBase
+from agentpark.parking.registry import LiveSession
+from agentpark.parking.types import (
+    ResumeResult,
+    as_transfer_error,
+)
+
+__all__ = ["Restoring"]
+
+
+class Restoring(CoreBase):
+    """Bring a session's KV back into the pool: copy it, or recompute it from its tokens."""
+
+    def resume(
+        self, tenant: str, session_id: str, reason: str = Reason.EXPLICIT, wait: bool = True
+    ) -> ResumeResult:
+        """Bring the session's KV back into the pool (copy, or recompute if it is gone)."""
+        self.refuse_if_draining()
+        live = self.live(tenant, session_id)
+        self.registry.acquire(live, "resume")
+        try:
+            row = live.row
+            if row.state == State.ACTIVE:
+                if reason != Reason.PREFETCH:
+                    self.observe_tool_return(live)
+                self.registry.release(live)
+                return ResumeResult(row, RestoredFrom.POOL, 0.0)
+            if row.state not in (State.PARKED, State.LOST):
+                raise InvalidStateError(f"cannot resume in state {row.state}", state=row.state)
+            blocks = self.host.claim(live, self.geometry.blocks_for(len(live.tokens)))
+        except BaseException:
+            if live.operation is not None:
+                self.registry.release(live)
+            raise
+        source = RestoredFrom(row.tier) if row.tier else RestoredFrom.RECOMPUTE
+        row.state = State.RESUMING if row.state == State.PARKED else State.RECOMPUTING
+
+        def job() -> ResumeResult:
+            return self.restore_locked(live, blocks, reason)
+
+        return self._run(live, job, wait, ResumeResult(row, source, None))
+
+    def restore_locked(
+        self, live: LiveSession, blocks: list[int], reason: str, keep_tokens: int | None = None
+    ) -> ResumeResult:
+        """Restore a PARKED or LOST session into ``blocks`` (already claimed for it).
+
+        ``keep_tokens``: restore only that prefix of the token log (whole blocks, one per
+        entry of ``blocks``); the session then holds just those tokens.
+        """
+        row = live.row
+        started = time.perf_counter()
+        parked = row.tier is not None
+        from_state = State.PARKED if parked else State.LOST
+        from_tier = row.tier
+        row.state = State.RESUMING if parked else State.RECOMPUTING
+        try:
+            if parked and not self._verify(live):
+                parked = False  # the copy is damaged: recompute instead, and say why
+                row.state = State.RECOMPUTING
+            if parked:
+                slots = live.slots[: len(blocks)]
+                self.mover.copy(self.tiers[from_tier or ""], slots, self._endpoint(), blocks)
+                restored_from = RestoredFrom(from_tier or "")
+            else:
+                if live.tokens:
+                    self.host.recompute(live, blocks)
+                restored_from = RestoredFrom.RECOMPUTE
+        except Exception as exc:
+            self.host.release(live, blocks)
+            row.state = State.PARKED if row.tier is not None else State.LOST
+            self.events.failure(
+                row, EventKind.RESTORE_FAILED, exc, at=time.time(), from_tier=from_tier
+            )
+            raise as_transfer_error("resume", exc) from exc
+        recomputed = restored_from == RestoredFrom.RECOMPUTE
+        if not recomputed:
+            self.free_slots(live)
+        live.block_table = blocks
+        if keep_tokens is not None:
+            live.tokens = live.tokens[:keep_tokens]
+        now = time.time()
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        event = self.events.event(
+            row,
+            EventKind.RECOMPUTE if recomputed else EventKind.RESUME,
+            now,
+            from_state=from_state,
+            to_state=State.ACTIVE,
+            from_tier=row.tier,
+            reason=reason,
+            nbytes=len(blocks) * self.geometry.block_nbytes,
+            duration_ms=elapsed_ms,
+            detail=row.lost_reason if recomputed else None,
+        )
+        row.state, row.tier, row.parked_handle, row.lost_reason = State.ACTIVE, None, None, None
+        row.checksum, row.tier_since = None, None
+        row.last_active_at = now
+        if not recomputed:
+            self.mover.measured(event.bytes or 0, elapsed_ms)
+        self.sync_kv(live, log_changed=recomputed or keep_tokens is not None)
+        self.events.commit(row, event)
+        if reason not in (Reason.PREFETCH, Reason.GENERATE):
+            self.observe_tool_return(live)
+        return ResumeResult(row, restored_from, elapsed_ms)
+
+    def _verify(self, live: LiveSession) -> bool:
+        """Check the parked copy against its checksum; a mismatch marks the session LOST."""
+        row = live.row
+        tier = self.tiers[row.tier or ""]
+        if self.mover.intact(tier, live.slots, row.checksum):
+            return True
+        self.drop_corrupt(live, tier.name)
+        return False

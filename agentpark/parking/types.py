@@ -1,0 +1,115 @@
+"""The session core's contracts: what it needs from an engine driver, and what it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from agentpark.blocks import PoolGeometry
+from agentpark.enums import Reason, RestoredFrom, TierChoice
+from agentpark.errors import (
+    PoolFullError,
+    TransferError,
+)
+from agentpark.parking.mover import Endpoint
+from agentpark.parking.registry import LiveSession
+from agentpark.snapshot import PoolFigures
+from agentpark.store.models import SessionRow
+
+__all__ = [
+    "Advisor",
+    "CoreOptions",
+    "KVHost",
+    "MoveResult",
+    "PauseAdvice",
+    "PauseOrder",
+    "PauseResult",
+    "ResumeResult",
+    "as_transfer_error",
+]
+
+
+class KVHost(Protocol):
+    """What the core needs from whoever runs the model: an engine driver."""
+
+    geometry: PoolGeometry
+    model_uid: str
+    backend_name: str  # the DMA backend that moves its bytes, for /v1/host
+
+    def endpoint(self) -> Endpoint | None:
+        """The pool as the mover's copy source and destination (None: the engine copies)."""
+        ...
+
+    def claim(self, live: LiveSession, n: int) -> list[int]:
+        """``n`` pool blocks for a restore of ``live`` (PoolFullError when there are none)."""
+        ...
+
+    def release(self, live: LiveSession, blocks: Sequence[int]) -> None:
+        """The blocks go back to the engine (after a park, a delete, a failed restore)."""
+        ...
+
+    def recompute(self, live: LiveSession, blocks: Sequence[int]) -> None:
+        """Rebuild the KV of ``live.tokens`` into ``blocks`` (and ``live.next_logits``)."""
+        ...
+
+    def pool_figures(self) -> PoolFigures: ...
+
+
+@dataclass(frozen=True)
+class CoreOptions:
+    checksum_tiers: frozenset[str] = frozenset({"shm", "disk"})
+    background_workers: int = 4
+
+
+@dataclass(frozen=True)
+class PauseOrder:
+    """A pause as a caller asks for it."""
+
+    tier: str = TierChoice.AUTO
+    tool: str | None = None
+    expected_resume_s: float | None = None
+    force: bool = False  # park even when the advisor would keep it
+    reason: str = Reason.EXPLICIT
+
+
+@dataclass(frozen=True)
+class PauseAdvice:
+    """The advisor's answer: park or keep, why, and the pause length it assumed."""
+
+    park: bool
+    why: str
+    expected_s: float | None
+
+
+Advisor = Callable[[int, str | None, float | None], PauseAdvice]
+"""(kv_bytes, tool, expected_resume_s given) -> advice; the policy service is one."""
+
+
+@dataclass(frozen=True)
+class PauseResult:
+    row: SessionRow
+    decision: str  # parked | kept
+    why: str
+    expected_s: float | None
+    pause_ms: float | None  # None: still in flight (wait=False)
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    row: SessionRow
+    restored_from: RestoredFrom
+    resume_ms: float | None  # None: still in flight (wait=False)
+
+
+@dataclass(frozen=True)
+class MoveResult:
+    row: SessionRow
+    from_tier: str
+    move_ms: float
+
+
+def as_transfer_error(what: str, exc: Exception) -> Exception:
+    if isinstance(exc, TransferError | PoolFullError):
+        return exc
+    return TransferError(f"{what} failed: {exc}", operation=what)
