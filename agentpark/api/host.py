@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
 
 from agentpark.api.deps import ParkingDep, RuntimeDep, TenantDep
 from agentpark.api.schemas import EventOut, EventPage
+from agentpark.api.schemas_host import LivenessResponse, ReadinessResponse
+from agentpark.errors import InvalidRequestError, NotReadyError, error_responses
+from agentpark.snapshot import HostSnapshot
 
 __all__ = ["router"]
 
@@ -16,19 +18,12 @@ router = APIRouter()
 
 
 @router.get("/v1/host", tags=["host"])
-def get_host(runtime: RuntimeDep) -> dict[str, Any]:
+def get_host(runtime: RuntimeDep) -> HostSnapshot:
     """Pool totals, HBM reclaimed by parking, tier use, sessions by state, counters."""
-    settings = runtime.settings
-    return {
-        "ready": runtime.ready.is_set(),
-        "model_uid": runtime.engine.model_uid,
-        "dma_backend": runtime.parking.transfer.name,
-        "listen": f"{settings.server.host}:{settings.server.port}",
-        **runtime.parking.host(),
-    }
+    return runtime.host_snapshot()
 
 
-@router.get("/v1/events", tags=["host"])
+@router.get("/v1/events", tags=["host"], responses=error_responses(InvalidRequestError))
 def list_events(
     parking: ParkingDep,
     tenant: TenantDep,
@@ -40,15 +35,14 @@ def list_events(
 
 
 @router.get("/healthz", tags=["health"])
-def get_healthz() -> dict[str, str]:
+def get_liveness() -> LivenessResponse:
     """The process answers (liveness)."""
-    return {"status": "ok"}
+    return LivenessResponse()
 
 
-@router.get("/readyz", tags=["health"], response_model=None)
-def get_readyz(runtime: RuntimeDep) -> dict[str, str] | JSONResponse:
-    """The engine is warm and sessions can be served (readiness)."""
-    if runtime.ready.is_set():
-        return {"status": "ready"}
-    body = {"error": {"code": "not_ready", "message": "the engine is still warming up"}}
-    return JSONResponse(body, status_code=503)
+@router.get("/readyz", tags=["health"], responses=error_responses(NotReadyError))
+def get_readiness(runtime: RuntimeDep) -> ReadinessResponse:
+    """The engine is warm and sessions can be served (readiness); 503 until then."""
+    if not runtime.ready.is_set():
+        raise NotReadyError("the engine is still warming up")
+    return ReadinessResponse()
