@@ -3,7 +3,7 @@
 The hierarchy::
 
     AgentparkError                      500 internal_error
-    ├── ConfigError                     (start-up only: bad settings, never served)
+    ├── ConfigError                     500 config_error (start-up only: never served)
     ├── NotFoundError                   404
     │   └── SessionNotFoundError        404 session_not_found
     ├── ConflictError                   409
@@ -18,20 +18,27 @@ The hierarchy::
     ├── NotReadyError                   503 not_ready
     └── TransferError                   500 transfer_failed
 
-Each class carries its HTTP status and a stable machine-readable ``code``; the API layer
-turns any of them into ``{"error": {"code": ..., "message": ..., "details": {...}}}``
-without a per-route mapping. Modules below the API raise these and know no HTTP.
+Each class carries its HTTP status and a stable machine-readable ``code``, and nothing
+else maps an error to a status: the API layer turns any of them into
+``{"error": {"code": ..., "message": ..., "details": {...}}}`` (:class:`ErrorBody`) without
+a per-route mapping, and :func:`error_responses` documents them in the OpenAPI spec from
+the same two attributes. Modules below the API raise these and know no HTTP.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from http import HTTPStatus
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
 
 __all__ = [
     "AgentparkError",
     "CapacityError",
     "ConfigError",
     "ConflictError",
+    "ErrorBody",
+    "ErrorInfo",
     "InvalidRequestError",
     "InvalidStateError",
     "LimitExceededError",
@@ -43,14 +50,17 @@ __all__ = [
     "SessionNotFoundError",
     "TierFullError",
     "TransferError",
+    "ValidationFailure",
+    "error_responses",
 ]
 
 
 class AgentparkError(Exception):
     """Base of every deliberate error; ``status`` and ``code`` drive the HTTP answer."""
 
-    status: int = 500
-    code: str = "internal_error"
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+    served: ClassVar[bool] = True  # False: raised before the app serves; never an answer
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -66,17 +76,26 @@ class AgentparkError(Exception):
 
 
 class ConfigError(AgentparkError):
-    """Settings that fail validation; stops the daemon before it serves anything."""
+    """Settings that fail validation; stops the daemon before it serves anything.
+
+    Its status (500, inherited) is never sent: a reload that reads a bad file answers
+    ``invalid_request`` instead, so no route documents this class.
+    """
 
     code = "config_error"
+    served = False
 
 
 class NotFoundError(AgentparkError):
+    """Something the request names does not exist."""
+
     status = 404
     code = "not_found"
 
 
 class SessionNotFoundError(NotFoundError):
+    """No session with this id for the caller's tenant."""
+
     code = "session_not_found"
 
     def __init__(self, session_id: str) -> None:
@@ -84,11 +103,15 @@ class SessionNotFoundError(NotFoundError):
 
 
 class ConflictError(AgentparkError):
+    """The request clashes with the session's current state."""
+
     status = 409
     code = "conflict"
 
 
 class SessionExistsError(ConflictError):
+    """The tenant already has a session with this id."""
+
     code = "session_exists"
 
     def __init__(self, session_id: str) -> None:
@@ -110,10 +133,14 @@ class SessionBusyError(ConflictError):
 
 
 class InvalidStateError(ConflictError):
+    """The session's state does not allow this operation (e.g. resume an active one)."""
+
     code = "invalid_state"
 
 
 class InvalidRequestError(AgentparkError):
+    """The request is malformed or names something unknown (body, query or header)."""
+
     status = 422
     code = "invalid_request"
 
@@ -125,6 +152,8 @@ class LimitExceededError(InvalidRequestError):
 
 
 class CapacityError(AgentparkError):
+    """Not enough room right now (KV pool or host tiers)."""
+
     status = 507
     code = "insufficient_storage"
 
@@ -142,6 +171,8 @@ class TierFullError(CapacityError):
 
 
 class NotReadyError(AgentparkError):
+    """The engine is still warming up, or the daemon is draining; retry later."""
+
     status = 503
     code = "not_ready"
 
@@ -150,3 +181,69 @@ class TransferError(AgentparkError):
     """A copy between the pool and a tier failed; nothing was freed."""
 
     code = "transfer_failed"
+
+
+# ---- the wire shape and the OpenAPI table -------------------------------------------------
+
+
+class ValidationFailure(BaseModel):
+    """One failure of request validation (``details`` of a 422 from the request schema)."""
+
+    loc: list[str | int] = Field(description="where: body, query, path or header, then names")
+    msg: str
+    type: str = Field(description="pydantic's error type, e.g. missing, int_parsing")
+
+
+class ErrorInfo(BaseModel):
+    code: str = Field(description="stable and machine-readable; see the codes of each status")
+    message: str = Field(description="for a human; the wording may change")
+    details: dict[str, Any] | list[ValidationFailure] | None = Field(
+        None,
+        description="absent when there is nothing to add; what the error concerns (the "
+        "session, the limit, the numbers); for a request that fails the schema, the list of "
+        "failures",
+    )
+
+
+class ErrorBody(BaseModel):
+    """The body of every error answer: ``{"error": {"code", "message", "details"?}}``."""
+
+    error: ErrorInfo
+
+
+def _summary(cls: type[AgentparkError]) -> str:
+    doc = cls.__dict__.get("__doc__") or ""
+    return doc.strip().splitlines()[0].rstrip(".") if doc.strip() else cls.__name__
+
+
+def error_responses(*classes: type[AgentparkError]) -> dict[int | str, dict[str, Any]]:
+    """FastAPI's ``responses=`` for a route that can raise ``classes``.
+
+    One entry per HTTP status (each class's ``status``), with :class:`ErrorBody` as the
+    schema, a description listing the codes of the classes that share the status, and one
+    example per code. A class that is never served (:class:`ConfigError`) is refused.
+    """
+    groups: dict[int, list[type[AgentparkError]]] = {}
+    for cls in classes:
+        if not cls.served:
+            raise ValueError(f"{cls.__name__} is never served; no route can answer with it")
+        group = groups.setdefault(cls.status, [])
+        if cls not in group:
+            group.append(cls)
+    responses: dict[int | str, dict[str, Any]] = {}
+    for status in sorted(groups):
+        group = groups[status]
+        codes = "; ".join(f"`{c.code}`: {_summary(c)}" for c in group)
+        examples = {
+            c.code: {
+                "summary": _summary(c),
+                "value": {"error": {"code": c.code, "message": _summary(c)}},
+            }
+            for c in group
+        }
+        responses[status] = {
+            "model": ErrorBody,
+            "description": f"{HTTPStatus(status).phrase}. Codes: {codes}.",
+            "content": {"application/json": {"examples": examples}},
+        }
+    return responses

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from fastapi import APIRouter, Request
 
 from agentpark.api.deps import RuntimeDep
 from agentpark.api.schemas import DrainResponse
+from agentpark.api.schemas_host import PolicyResponse, ReloadResponse, ToolEstimate
+from agentpark.errors import InvalidRequestError, error_responses
+from agentpark.runtime import Runtime
 
 __all__ = ["router"]
 
@@ -25,30 +27,36 @@ def drain_daemon(runtime: RuntimeDep, request: Request) -> DrainResponse:
     from the first moment, and the next start restores what was parked.
     """
     summary = runtime.drain()
+    _request_shutdown(request)
+    return DrainResponse(**summary)
+
+
+def _request_shutdown(request: Request) -> None:
     stop = getattr(request.app.state, "request_shutdown", None)
     if stop is not None:
         stop()
     else:
         log.warning("drained, but this server offers no way to stop it; stop it yourself")
-    return DrainResponse(**summary)
 
 
-@router.post("/reload")
-def reload_policy(runtime: RuntimeDep) -> dict[str, Any]:
+@router.post("/reload", responses=error_responses(InvalidRequestError))
+def reload_policy(runtime: RuntimeDep) -> ReloadResponse:
     """Re-read the config file's policy section; a bad file is refused (422), old one stays."""
-    return {"reloaded": True, "policy": runtime.reload_policy().model_dump()}
+    return ReloadResponse(reloaded=True, policy=runtime.reload_policy())
 
 
 @router.get("/policy")
-def get_policy(runtime: RuntimeDep) -> dict[str, Any]:
+def get_policy(runtime: RuntimeDep) -> PolicyResponse:
     """The policy in force, and what the daemon has learned about tool pauses."""
+    return _policy_view(runtime)
+
+
+def _policy_view(runtime: Runtime) -> PolicyResponse:
     policy = runtime.policy
     tools = {
-        name: {"expected_s": policy.tools.expected(name, policy.config)[0], "observed": n}
+        name: ToolEstimate(expected_s=policy.tools.expected(name, policy.config)[0], observed=n)
         for name, n in policy.tools.summary().items()
     }
-    return {
-        "policy": policy.config.model_dump(),
-        "bandwidth_bps": runtime.parking.bandwidth_bps,
-        "tools": tools,
-    }
+    return PolicyResponse(
+        policy=policy.config, bandwidth_bps=runtime.parking.bandwidth_bps, tools=tools
+    )

@@ -17,20 +17,34 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from functools import cache
 from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated
 
 import httpx
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from agentpark.api.deps import RuntimeDep
-from agentpark.api.host import get_host
-from agentpark.errors import InvalidRequestError
-from agentpark.history import transfer_figures
+from agentpark.api.schemas_host import (
+    HistoryResponse,
+    HistorySample,
+    LatencyResponse,
+    ParkedPage,
+    ParkedSession,
+    PeerHost,
+    PeerSample,
+    PeersResponse,
+    TransferLatency,
+)
+from agentpark.enums import State
+from agentpark.errors import InvalidRequestError, error_responses
+from agentpark.history import bandwidth, transfer_figures
 from agentpark.runtime import Runtime, host_label
+from agentpark.snapshot import HostSnapshot
 
 __all__ = ["router"]
 
@@ -38,8 +52,6 @@ router = APIRouter()
 
 MAX_POINTS = 2000
 WEEK_S = 7 * 24 * 3600.0
-# Fields of a peer's history the per-host chart uses (keeps the peers answer small).
-PEER_SERIES = ("at", "step_s", "reclaimed_bytes", "pool_used_bytes", "pool_total_bytes")
 
 Since = Annotated[
     float,
@@ -71,6 +83,47 @@ def get_dashboard() -> HTMLResponse:
     return HTMLResponse(_page(), headers={"Cache-Control": "no-cache"})
 
 
+@router.get("/v1/host/history", tags=["host"], responses=error_responses(InvalidRequestError))
+def get_history(
+    runtime: RuntimeDep, since: Since = -3600.0, until: Until = None, step: Step = None
+) -> HistoryResponse:
+    """Host samples in a window, oldest first (see agentpark.history for each field)."""
+    return _history(runtime, since, until, step)
+
+
+@router.get("/v1/host/latency", tags=["host"], responses=error_responses(InvalidRequestError))
+def get_latency(
+    runtime: RuntimeDep,
+    window_s: Annotated[float, Query(gt=0.0, le=WEEK_S)] = 900.0,
+) -> LatencyResponse:
+    """Pause and resume latency p50/p99 and bandwidth over the last ``window_s`` seconds."""
+    return _latency(runtime, window_s)
+
+
+@router.get("/v1/host/parked", tags=["host"], responses=error_responses(InvalidRequestError))
+def list_parked_sessions(
+    runtime: RuntimeDep, limit: Annotated[int, Query(ge=1, le=1000)] = 10
+) -> ParkedPage:
+    """The largest parked sessions of every tenant, largest first."""
+    return _parked(runtime, limit)
+
+
+@router.get("/v1/peers", tags=["dashboard"], responses=error_responses(InvalidRequestError))
+async def list_peers(
+    runtime: RuntimeDep, since: Since = -3600.0, step: Step = None
+) -> PeersResponse:
+    """This host and every configured peer: figures now and HBM reclaimed over time.
+
+    Peers are asked in parallel with ``dashboard.peer_timeout_s``; one that does not
+    answer in time, refuses, or answers with an error is ``"up": false`` with the reason
+    and no figures.
+    """
+    return await _peers(runtime, since, step)
+
+
+# ---- what the routes answer -----------------------------------------------------------------
+
+
 def _window(since: float, until: float | None) -> tuple[float, float, float]:
     now = time.time()
     start = now + since if since < 0 else since
@@ -82,119 +135,78 @@ def _window(since: float, until: float | None) -> tuple[float, float, float]:
 
 def _history(
     runtime: Runtime, since: float, until: float | None, step: float | None
-) -> dict[str, Any]:
+) -> HistoryResponse:
     now, start, end = _window(since, until)
     dashboard = runtime.settings.dashboard
     step_s, samples = runtime.sampler.history(start, end, step, MAX_POINTS)
-    return {
-        "host": host_label(runtime.settings),
-        "now": now,
-        "since": start,
-        "until": end,
-        "interval_s": dashboard.sample_interval_s,
-        "refresh_s": dashboard.refresh_s,
-        "retention_h": dashboard.retention_h,
-        "step_s": step_s,
-        "samples": samples,
-    }
+    return HistoryResponse(
+        host=host_label(runtime.settings),
+        now=now,
+        since=start,
+        until=end,
+        interval_s=dashboard.sample_interval_s,
+        refresh_s=dashboard.refresh_s,
+        retention_h=dashboard.retention_h,
+        step_s=step_s,
+        samples=[HistorySample.model_validate(s) for s in samples],
+    )
 
 
-@router.get("/v1/host/history", tags=["host"])
-def get_history(
-    runtime: RuntimeDep, since: Since = -3600.0, until: Until = None, step: Step = None
-) -> dict[str, Any]:
-    """Host samples in a window, oldest first (see agentpark.history for each field)."""
-    return _history(runtime, since, until, step)
-
-
-@router.get("/v1/host/latency", tags=["host"])
-def get_latency(
-    runtime: RuntimeDep,
-    window_s: Annotated[float, Query(gt=0.0, le=WEEK_S)] = 900.0,
-) -> dict[str, Any]:
-    """Pause and resume latency p50/p99 and bandwidth over the last ``window_s`` seconds."""
+def _latency(runtime: Runtime, window_s: float) -> LatencyResponse:
+    """Latency and bandwidth from the events of the last ``window_s`` seconds."""
     now = time.time()
     figures = transfer_figures(runtime.sampler.store.events_between(now - window_s, now))
-
-    def rate(nbytes: int, ms: float) -> float | None:
-        return nbytes / (ms / 1e3) if ms > 0 and nbytes > 0 else None
-
-    return {
-        "window_s": window_s,
-        "since": now - window_s,
-        "until": now,
-        "pause": {
-            "count": figures["pauses"],
-            "p50_ms": figures["pause_p50_ms"],
-            "p99_ms": figures["pause_p99_ms"],
-            "bytes": figures["bytes_parked"],
-            "bytes_per_s": rate(figures["bytes_parked"], figures["park_ms"]),
-        },
-        "resume": {
-            "count": figures["resumes"] + figures["recomputes"],
-            "p50_ms": figures["resume_p50_ms"],
-            "p99_ms": figures["resume_p99_ms"],
-            "bytes": figures["bytes_restored"],
-            "bytes_per_s": rate(figures["bytes_restored"], figures["restore_ms"]),
-        },
-        "recomputes": figures["recomputes"],
-        "restore_failures": figures["restore_failures"],
-    }
+    return LatencyResponse(
+        window_s=window_s,
+        since=now - window_s,
+        until=now,
+        pause=TransferLatency(
+            count=figures["pauses"],
+            p50_ms=figures["pause_p50_ms"],
+            p99_ms=figures["pause_p99_ms"],
+            bytes=figures["bytes_parked"],
+            bytes_per_s=bandwidth(figures["bytes_parked"], figures["park_ms"]),
+        ),
+        resume=TransferLatency(
+            count=figures["resumes"] + figures["recomputes"],
+            p50_ms=figures["resume_p50_ms"],
+            p99_ms=figures["resume_p99_ms"],
+            bytes=figures["bytes_restored"],
+            bytes_per_s=bandwidth(figures["bytes_restored"], figures["restore_ms"]),
+        ),
+        recomputes=figures["recomputes"],
+        restore_failures=figures["restore_failures"],
+    )
 
 
-@router.get("/v1/host/parked", tags=["host"])
-def get_parked(
-    runtime: RuntimeDep, limit: Annotated[int, Query(ge=1, le=1000)] = 10
-) -> dict[str, Any]:
-    """The largest parked sessions of every tenant, largest first."""
-    parked = [r for r in runtime.parking.live_sessions() if r.state == "parked"]
+def _parked(runtime: Runtime, limit: int) -> ParkedPage:
+    """Every tenant's parked sessions, counted; the ``limit`` largest listed."""
+    parked = [r for r in runtime.parking.live_sessions() if r.state == State.PARKED]
     parked.sort(key=lambda r: (-r.kv_bytes, r.paused_at or 0.0, r.tenant, r.session_id))
-    return {
-        "count": len(parked),
-        "bytes": sum(r.kv_bytes for r in parked),
-        "sessions": [
-            {
-                "tenant": r.tenant,
-                "session_id": r.session_id,
-                "tier": r.tier,
-                "kv_bytes": r.kv_bytes,
-                "kv_blocks": r.kv_blocks,
-                "num_tokens": r.num_tokens,
-                "paused_at": r.paused_at,
-                "tool": r.tool,
-                "expected_resume_at": r.expected_resume_at,
-            }
-            for r in parked[:limit]
-        ],
-    }
+    return ParkedPage(
+        count=len(parked),
+        bytes=sum(r.kv_bytes for r in parked),
+        sessions=[ParkedSession.model_validate(r, from_attributes=True) for r in parked[:limit]],
+    )
 
 
-@router.get("/v1/peers", tags=["dashboard"])
-async def get_peers(
-    runtime: RuntimeDep, since: Since = -3600.0, step: Step = None
-) -> dict[str, Any]:
-    """This host and every configured peer: figures now and HBM reclaimed over time.
-
-    Peers are asked in parallel with ``dashboard.peer_timeout_s``; one that does not
-    answer in time, refuses, or answers with an error is ``"up": false`` with the reason
-    and no figures.
-    """
+async def _peers(runtime: Runtime, since: float, step: float | None) -> PeersResponse:
     dashboard = runtime.settings.dashboard
     _window(since, None)  # 422 on a bad window before asking anyone
     own_host, own_history = await asyncio.gather(
-        run_in_threadpool(get_host, runtime),
+        run_in_threadpool(runtime.host_snapshot),
         run_in_threadpool(_history, runtime, since, None, step),
     )
-    hosts: list[dict[str, Any]] = [
-        {
-            "name": own_history["host"],
-            "url": None,
-            "self": True,
-            "up": True,
-            "error": None,
-            "host": own_host,
-            "history": _series(own_history),
-        }
+    hosts = [
+        PeerHost(
+            name=own_history.host,
+            url=None,
+            self=True,
+            up=True,
+            error=None,
+            host=own_host,
+            history=_series(own_history.samples),
+        )
     ]
     if dashboard.peers:
         timeout = httpx.Timeout(dashboard.peer_timeout_s)
@@ -208,25 +220,30 @@ async def get_peers(
                     for peer in dashboard.peers
                 )
             )
-    return {"timeout_s": dashboard.peer_timeout_s, "hosts": hosts}
+    return PeersResponse(timeout_s=dashboard.peer_timeout_s, hosts=hosts)
 
 
-def _series(history: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{k: s.get(k) for k in PEER_SERIES} for s in history.get("samples", [])]
+def _series(samples: Iterable[object]) -> list[PeerSample]:
+    """The fields of each sample the per-host chart uses (keeps the peers answer small).
+
+    ``samples`` are ours (models) or a peer's (parsed JSON); ValidationError when one is
+    not a sample.
+    """
+    return [PeerSample.model_validate(s, from_attributes=True) for s in samples]
 
 
 async def _ask_peer(
     client: httpx.AsyncClient, url: str, params: dict[str, float], timeout_s: float
-) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "name": url.partition("://")[2] or url,
-        "url": url,
-        "self": False,
-        "up": False,
-        "error": None,
-        "host": None,
-        "history": None,
-    }
+) -> PeerHost:
+    down = PeerHost(
+        name=url.partition("://")[2] or url,
+        url=url,
+        self=False,
+        up=False,
+        error=None,
+        host=None,
+        history=None,
+    )
     try:
         # The whole exchange, not just each phase of it, fits in twice the timeout.
         async with asyncio.timeout(2 * timeout_s):
@@ -236,35 +253,29 @@ async def _ask_peer(
                 return_exceptions=True,
             )
     except TimeoutError:
-        entry["error"] = f"no answer within {2 * timeout_s:g}s"
-        return entry
+        return down.model_copy(update={"error": f"no answer within {2 * timeout_s:g}s"})
     if isinstance(host, BaseException):
-        entry["error"] = _describe(host)
-        return entry
+        return down.model_copy(update={"error": _describe(host)})
     if host.status_code != 200:
-        entry["error"] = f"/v1/host answered HTTP {host.status_code}"
-        return entry
+        return down.model_copy(update={"error": f"/v1/host answered HTTP {host.status_code}"})
     try:
-        body = host.json()
-        if not isinstance(body, dict) or "reclaimed_bytes" not in body:
-            raise ValueError("not an agentpark /v1/host answer")
-    except ValueError as exc:
-        entry["error"] = f"/v1/host: {exc}"
-        return entry
-    entry["up"], entry["host"] = True, body
-    if not isinstance(history, BaseException) and history.status_code == 200:
+        snapshot = HostSnapshot.model_validate(host.json())
+    except ValueError:  # not JSON, or JSON that is no host snapshot (ValidationError)
+        return down.model_copy(update={"error": "/v1/host: not an agentpark /v1/host answer"})
+    entry = down.model_copy(update={"up": True, "host": snapshot})
+    if isinstance(history, BaseException):
+        entry.history_error = _describe(history)
+    elif history.status_code != 200:
+        entry.history_error = f"/v1/host/history answered HTTP {history.status_code}"
+    else:
         try:
             past = history.json()
-            entry["history"] = _series(past)
-            entry["name"] = str(past.get("host") or entry["name"])
+            entry.history = _series(past.get("samples", []))
+            entry.name = str(past.get("host") or entry.name)
+        except ValidationError:
+            entry.history_error = "/v1/host/history: not an agentpark history answer"
         except (ValueError, AttributeError):
-            entry["history_error"] = "/v1/host/history: not JSON"
-    else:
-        entry["history_error"] = (
-            _describe(history)
-            if isinstance(history, BaseException)
-            else f"/v1/host/history answered HTTP {history.status_code}"
-        )
+            entry.history_error = "/v1/host/history: not JSON"
     return entry
 
 

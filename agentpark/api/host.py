@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse
 
 from agentpark.api.deps import ParkingDep, RuntimeDep, TenantDep
 from agentpark.api.schemas import EventOut, EventPage
+from agentpark.api.schemas_host import LivenessResponse, ReadinessResponse
+from agentpark.errors import InvalidRequestError, NotReadyError, error_responses
 from agentpark.snapshot import HostSnapshot
 
 __all__ = ["router"]
@@ -22,7 +23,7 @@ def get_host(runtime: RuntimeDep) -> HostSnapshot:
     return runtime.host_snapshot()
 
 
-@router.get("/v1/events", tags=["host"])
+@router.get("/v1/events", tags=["host"], responses=error_responses(InvalidRequestError))
 def list_events(
     parking: ParkingDep,
     tenant: TenantDep,
@@ -36,15 +37,14 @@ def list_events(
 
 
 @router.get("/healthz", tags=["health"])
-def get_healthz() -> dict[str, str]:
+def get_liveness() -> LivenessResponse:
     """The process answers (liveness)."""
-    return {"status": "ok"}
+    return LivenessResponse()
 
 
-@router.get("/readyz", tags=["health"], response_model=None)
-def get_readyz(runtime: RuntimeDep) -> dict[str, str] | JSONResponse:
-    """The engine is warm and sessions can be served (readiness)."""
-    if runtime.ready.is_set():
-        return {"status": "ready"}
-    body = {"error": {"code": "not_ready", "message": "the engine is still warming up"}}
-    return JSONResponse(body, status_code=503)
+@router.get("/readyz", tags=["health"], responses=error_responses(NotReadyError))
+def get_readiness(runtime: RuntimeDep) -> ReadinessResponse:
+    """The engine is warm and sessions can be served (readiness); 503 until then."""
+    if not runtime.ready.is_set():
+        raise NotReadyError("the engine is still warming up")
+    return ReadinessResponse()

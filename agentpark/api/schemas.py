@@ -1,19 +1,26 @@
-"""Request and response bodies of the REST API (v1)."""
+"""Request and response bodies of the REST API (v1): sessions, events, drain.
+
+These are wire models only: they import nothing from the store or the session core.
+``SessionOut.of`` and ``EventOut.of`` read any object with the attributes named by
+:class:`SessionRecord` and :class:`EventRecord` (the store's rows are such objects).
+"""
 
 from __future__ import annotations
 
 import base64
 from datetime import UTC, datetime
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentpark.store.models import EventRow, SessionRow
+from agentpark.enums import EventKind, Reason, RestoredFrom, State, Tier, TierChoice
 
 __all__ = [
     "DrainResponse",
     "EventOut",
     "EventPage",
+    "EventRecord",
     "GenerateRequest",
     "GenerateResponse",
     "MoveRequest",
@@ -24,9 +31,8 @@ __all__ = [
     "SessionCreate",
     "SessionOut",
     "SessionPage",
+    "SessionRecord",
 ]
-
-TierName = Literal["auto", "dram", "shm", "disk"]
 
 
 class _Request(BaseModel):
@@ -60,7 +66,7 @@ class GenerateRequest(_Request):
 class PauseRequest(_Request):
     tool: str | None = Field(None, max_length=128, description="the tool the agent is running")
     expected_resume_s: float | None = Field(None, ge=0.0)
-    tier: TierName = "auto"
+    tier: TierChoice = Field(TierChoice.AUTO, description="auto: the fastest tier with room")
     force: bool = Field(False, description="park even when the policy would keep it")
 
 
@@ -68,11 +74,82 @@ def _ts(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
 
 
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def _opt(enum: type[_E], value: str | None) -> _E | None:
+    return None if value is None else enum(value)
+
+
+class SessionRecord(Protocol):
+    """What ``SessionOut.of`` reads: a session as the core keeps it (times in epoch s)."""
+
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def tier(self) -> str | None: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def kv_blocks(self) -> int: ...
+    @property
+    def kv_bytes(self) -> int: ...
+    @property
+    def created_at(self) -> float: ...
+    @property
+    def last_active_at(self) -> float: ...
+    @property
+    def paused_at(self) -> float | None: ...
+    @property
+    def pause_count(self) -> int: ...
+    @property
+    def tool(self) -> str | None: ...
+    @property
+    def expected_resume_at(self) -> float | None: ...
+    @property
+    def lost_reason(self) -> str | None: ...
+    @property
+    def meta(self) -> dict[str, Any] | None: ...
+
+
+class EventRecord(Protocol):
+    """What ``EventOut.of`` reads: one recorded transition (``at`` in epoch seconds)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def at(self) -> float: ...
+    @property
+    def duration_ms(self) -> float | None: ...
+    @property
+    def bytes(self) -> int | None: ...
+    @property
+    def from_state(self) -> str | None: ...
+    @property
+    def to_state(self) -> str | None: ...
+    @property
+    def from_tier(self) -> str | None: ...
+    @property
+    def to_tier(self) -> str | None: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def detail(self) -> str | None: ...
+
+
 class SessionOut(BaseModel):
     session_id: str
     tenant: str
-    state: str
-    tier: str | None
+    state: State
+    tier: Tier | None = Field(description="the tier holding the parked copy; null in the pool")
     num_tokens: int
     kv_blocks: int
     kv_bytes: int
@@ -82,16 +159,16 @@ class SessionOut(BaseModel):
     pause_count: int
     tool: str | None
     expected_resume_at: datetime | None
-    lost_reason: str | None
-    metadata: dict[str, Any]
+    lost_reason: str | None = Field(description="why a lost session's parked copy is gone")
+    metadata: dict[str, Any] = Field(description="what the caller gave at create, as given")
 
     @classmethod
-    def of(cls, row: SessionRow) -> SessionOut:
+    def of(cls, row: SessionRecord) -> SessionOut:
         return cls(
             session_id=row.session_id,
             tenant=row.tenant,
-            state=row.state,
-            tier=row.tier,
+            state=State(row.state),
+            tier=_opt(Tier, row.tier),
             num_tokens=row.num_tokens,
             kv_blocks=row.kv_blocks,
             kv_bytes=row.kv_bytes,
@@ -117,9 +194,11 @@ class GenerateResponse(BaseModel):
     text: str
     num_tokens: int = Field(description="tokens in the session after this call")
     resumed: bool = Field(description="the session was parked or lost and was brought back")
-    restored_from: str | None
+    restored_from: RestoredFrom | None = Field(
+        description="where the KV came back from, if resumed"
+    )
     resume_ms: float | None
-    logits: str | None = None
+    logits: str | None = Field(None, description="with return_logits: base64 float32 LE")
 
     @staticmethod
     def encode_logits(logits: Any) -> str:
@@ -127,7 +206,7 @@ class GenerateResponse(BaseModel):
 
 
 class MoveRequest(_Request):
-    tier: Literal["dram", "shm", "disk"]
+    tier: Tier
 
 
 class PauseResponse(BaseModel):
@@ -139,24 +218,26 @@ class PauseResponse(BaseModel):
     expected_pause_s: float | None = Field(
         description="the estimate the decision used: the caller's, the tool's learned or prior"
     )
-    state: str = Field(description="parked; pausing while a wait=false copy is in flight")
-    tier: str | None
+    state: State = Field(description="parked; pausing while a wait=false copy is in flight")
+    tier: Tier | None
     kv_bytes: int
     pause_ms: float | None = Field(description="null while in flight (wait=false)")
 
 
 class ResumeResponse(BaseModel):
     session_id: str
-    state: str = Field(description="active; resuming/recomputing while in flight")
-    restored_from: str = Field(description="pool (was active), dram, shm, disk, or recompute")
+    state: State = Field(description="active; resuming/recomputing while in flight")
+    restored_from: RestoredFrom = Field(
+        description="pool (was active), dram, shm, disk, or recompute"
+    )
     resume_ms: float | None = Field(description="null while in flight (wait=false)")
 
 
 class MoveResponse(BaseModel):
     session_id: str
-    state: str
-    from_tier: str
-    tier: str | None
+    state: State
+    from_tier: Tier
+    tier: Tier | None
     kv_bytes: int
     move_ms: float
 
@@ -171,31 +252,31 @@ class DrainResponse(BaseModel):
 class EventOut(BaseModel):
     id: int
     session_id: str
-    kind: str
+    kind: EventKind
     at: datetime
     duration_ms: float | None
-    bytes: int | None
-    from_state: str | None
-    to_state: str | None
-    from_tier: str | None
-    to_tier: str | None
-    reason: str | None
+    bytes: int | None = Field(description="bytes copied or freed by the transition")
+    from_state: State | None
+    to_state: State | None
+    from_tier: Tier | None
+    to_tier: Tier | None
+    reason: Reason | None
     detail: str | None
 
     @classmethod
-    def of(cls, row: EventRow) -> EventOut:
+    def of(cls, row: EventRecord) -> EventOut:
         return cls(
             id=row.id,
             session_id=row.session_id,
-            kind=row.kind,
+            kind=EventKind(row.kind),
             at=datetime.fromtimestamp(row.at, UTC),
             duration_ms=row.duration_ms,
             bytes=row.bytes,
-            from_state=row.from_state,
-            to_state=row.to_state,
-            from_tier=row.from_tier,
-            to_tier=row.to_tier,
-            reason=row.reason,
+            from_state=_opt(State, row.from_state),
+            to_state=_opt(State, row.to_state),
+            from_tier=_opt(Tier, row.from_tier),
+            to_tier=_opt(Tier, row.to_tier),
+            reason=_opt(Reason, row.reason),
             detail=row.detail,
         )
 

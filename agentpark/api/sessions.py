@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Query, Response, status
@@ -19,60 +20,96 @@ from agentpark.api.schemas import (
     SessionOut,
     SessionPage,
 )
-from agentpark.errors import InvalidRequestError
+from agentpark.enums import State
+from agentpark.errors import (
+    InvalidRequestError,
+    InvalidStateError,
+    LimitExceededError,
+    NotReadyError,
+    PoolFullError,
+    SessionBusyError,
+    SessionExistsError,
+    SessionNotFoundError,
+    TierFullError,
+    TransferError,
+    error_responses,
+)
 from agentpark.parking import PauseOrder
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
-STATES = "active|pausing|parked|resuming|recomputing|lost|deleted"
+# What every route on one session can answer: an unknown id, a bad tenant header or body.
+_ONE_SESSION = (SessionNotFoundError, InvalidRequestError)
+# What an operation that takes the session can answer besides.
+_OPERATION = (SessionBusyError, InvalidStateError)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    responses=error_responses(SessionExistsError, InvalidRequestError, NotReadyError),
+)
 def create_session(
     parking: ParkingDep, tenant: TenantDep, body: Annotated[SessionCreate | None, Body()] = None
 ) -> SessionOut:
+    """Create an empty, active session; an id is generated when none is given."""
     body = body or SessionCreate()
     return SessionOut.of(parking.create(tenant, body.session_id, body.metadata))
 
 
-@router.get("")
+@router.get("", responses=error_responses(InvalidRequestError))
 def list_sessions(
     parking: ParkingDep,
     tenant: TenantDep,
-    state: Annotated[str | None, Query(pattern=f"^({STATES})$")] = None,
+    state: State | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
 ) -> SessionPage:
-    after = 0
-    if cursor is not None:
-        if not cursor.isdigit():
-            raise InvalidRequestError("cursor is not one this API returned", cursor=cursor)
-        after = int(cursor)
-    rows = parking.page(tenant, state, limit, after)
+    """The tenant's sessions, oldest first, a page at a time."""
+    rows = parking.page(tenant, state, limit, _after(cursor))
     next_cursor = str(rows[-1].seq) if len(rows) == limit else None
     return SessionPage(sessions=[SessionOut.of(r) for r in rows], next_cursor=next_cursor)
 
 
-@router.get("/{session_id}")
+def _after(cursor: str | None) -> int:
+    """The sequence number a cursor (a previous page's next_cursor) stands for."""
+    if cursor is None:
+        return 0
+    if not cursor.isdigit():
+        raise InvalidRequestError("cursor is not one this API returned", cursor=cursor)
+    return int(cursor)
+
+
+@router.get("/{session_id}", responses=error_responses(*_ONE_SESSION))
 def get_session(parking: ParkingDep, tenant: TenantDep, session_id: str) -> SessionOut:
+    """One session of the tenant, deleted ones included."""
     return SessionOut.of(parking.get(tenant, session_id))
 
 
-@router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete(
+    "/{session_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=error_responses(*_ONE_SESSION, *_OPERATION),
+)
 def delete_session(parking: ParkingDep, tenant: TenantDep, session_id: str) -> Response:
+    """Free everything the session holds; deleting a deleted session is a no-op."""
     parking.delete(tenant, session_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post("/{session_id}/generate")
+@router.post(
+    "/{session_id}/generate",
+    responses=error_responses(
+        *_ONE_SESSION, *_OPERATION, LimitExceededError, NotReadyError, PoolFullError, TransferError
+    ),
+)
 def generate_tokens(
     driver: ReadyDriverDep, tenant: TenantDep, session_id: str, body: GenerateRequest
 ) -> GenerateResponse:
-    prompt = body.prompt_tokens or []
-    if body.prompt is not None:
-        prompt = driver.tokenize(body.prompt)
+    """Append the prompt and decode; a parked or lost session is brought back first."""
+    prompt = _prompt(driver.tokenize, body)
     result = driver.generate(
         tenant, session_id, prompt, body.max_new_tokens, body.temperature, body.seed
     )
@@ -88,13 +125,26 @@ def generate_tokens(
     )
 
 
+def _prompt(tokenize: Callable[[str], list[int]], body: GenerateRequest) -> list[int]:
+    """The prompt's token ids: the text through the engine's tokenizer, or as given."""
+    if body.prompt is not None:
+        return tokenize(body.prompt)
+    return body.prompt_tokens or []
+
+
 WaitQuery = Annotated[
     bool,
     Query(description="false: answer 202 as soon as the copy has started; GET shows the end"),
 ]
 
 
-@router.post("/{session_id}/pause", responses={202: {"model": PauseResponse}})
+@router.post(
+    "/{session_id}/pause",
+    responses={
+        202: {"model": PauseResponse, "description": "wait=false: the copy is in flight"},
+        **error_responses(*_ONE_SESSION, *_OPERATION, NotReadyError, TierFullError, TransferError),
+    },
+)
 def pause_session(
     parking: ReadyParkingDep,
     tenant: TenantDep,
@@ -105,7 +155,7 @@ def pause_session(
 ) -> PauseResponse:
     """The agent called a tool: park its KV, unless the pause is too short to be worth it."""
     body = body or PauseRequest()
-    order = PauseOrder(body.tier, body.tool, body.expected_resume_s, body.force)
+    order = PauseOrder(body.tier.value, body.tool, body.expected_resume_s, body.force)
     result = parking.pause(tenant, session_id, order, wait=wait)
     if result.pause_ms is None:
         response.status_code = status.HTTP_202_ACCEPTED
@@ -122,7 +172,13 @@ def pause_session(
     )
 
 
-@router.post("/{session_id}/resume", responses={202: {"model": ResumeResponse}})
+@router.post(
+    "/{session_id}/resume",
+    responses={
+        202: {"model": ResumeResponse, "description": "wait=false: the copy is in flight"},
+        **error_responses(*_ONE_SESSION, *_OPERATION, NotReadyError, PoolFullError, TransferError),
+    },
+)
 def resume_session(
     parking: ReadyParkingDep,
     tenant: TenantDep,
@@ -130,6 +186,7 @@ def resume_session(
     response: Response,
     wait: WaitQuery = True,
 ) -> ResumeResponse:
+    """Bring the session's KV back into the pool: copied back, or recomputed if gone."""
     result = parking.resume(tenant, session_id, wait=wait)
     if result.resume_ms is None:
         response.status_code = status.HTTP_202_ACCEPTED
@@ -141,12 +198,17 @@ def resume_session(
     )
 
 
-@router.post("/{session_id}/move")
+@router.post(
+    "/{session_id}/move",
+    responses=error_responses(
+        *_ONE_SESSION, *_OPERATION, NotReadyError, TierFullError, TransferError
+    ),
+)
 def move_session(
     parking: ReadyParkingDep, tenant: TenantDep, session_id: str, body: MoveRequest
 ) -> MoveResponse:
     """Move a parked session's copy to another tier; it stays parked."""
-    result = parking.move(tenant, session_id, body.tier)
+    result = parking.move(tenant, session_id, body.tier.value)
     return MoveResponse(
         session_id=session_id,
         state=result.row.state,
