@@ -130,6 +130,8 @@ def daemon_factory() -> Iterator[Callable[[Settings], Daemon]]:
     for daemon in started:
         if daemon.thread.is_alive():
             daemon.stop()
+        else:  # it stopped itself (a drain)
+            daemon.client.close()
 
 
 @pytest.fixture
