@@ -169,7 +169,8 @@ class DaemonProcess:
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPARK_")}
         env["PYTHONUNBUFFERED"] = "1"
-        cmd = [sys.executable, "-m", "agentpark", "--config", str(config), "serve"]
+        # --config after the subcommand: what `agentpark serve --config FILE` has to accept
+        cmd = [sys.executable, "-m", "agentpark", "serve", "--config", str(config)]
         cmd += ["--port", str(port)]
         self.url = f"http://127.0.0.1:{port}"
         self.log: list[str] = []
