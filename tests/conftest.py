@@ -72,8 +72,8 @@ def shm_dir() -> Iterator[Path]:
         yield path
 
 
-def tiny_settings(state_dir: Path, shm_dir: Path, **overrides: Any) -> Settings:
-    """TINY with ``overrides`` merged in, on this state dir and shm dir."""
+def tiny_settings(state_dir: Path, shm_dir: Path, /, **overrides: Any) -> Settings:
+    """TINY with ``overrides`` merged in, on this state dir (unless one overrides it) and shm."""
     tiers = {**TINY["tiers"], "shm": {"capacity": 32 * 4096, "path": shm_dir / "tier"}}
     merged: dict[str, Any] = {"state_dir": state_dir, **TINY, "tiers": tiers}
     for key, value in overrides.items():
