@@ -1,4 +1,8 @@
-"""Command line: ``agentpark serve | db upgrade | status | bench transfer``."""
+"""Command line: ``agentpark serve | db upgrade | status | drain | bench ...``.
+
+``--config FILE`` may come before the subcommand or after it (``agentpark serve --config
+FILE``); ``status`` and ``drain`` talk to the daemon through ``agentpark.client``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from agentpark.config import Settings, load_settings
 from agentpark.errors import ConfigError
@@ -27,39 +32,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+CONFIG_HELP = "TOML config file (default: $AGENTPARK_CONFIG, else none)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentpark", description=__doc__)
-    parser.add_argument(
-        "--config", type=Path, help="TOML config file (default: $AGENTPARK_CONFIG, else none)"
-    )
+    parser.add_argument("--config", type=Path, default=None, help=CONFIG_HELP)
+    # Every subcommand takes --config too (after its name). SUPPRESS: one not given there
+    # leaves the namespace alone, so a --config before the subcommand still counts; given
+    # in both places, the later one wins.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, default=argparse.SUPPRESS, help=CONFIG_HELP)
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--url", help="daemon URL (default: from the config's server section)")
+    client.add_argument("--token", help="sent as 'Authorization: Bearer TOKEN'")
+
+    def add(
+        subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+        name: str,
+        *parents: argparse.ArgumentParser,
+        **kwargs: Any,
+    ) -> argparse.ArgumentParser:
+        return subparsers.add_parser(name, parents=[common, *parents], **kwargs)
+
     sub = parser.add_subparsers(title="commands")
 
-    serve = sub.add_parser("serve", help="run the daemon (migrates the database first)")
+    serve = add(sub, "serve", help="run the daemon (migrates the database first)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, help="bind port (default 8470; 0 picks one)")
     serve.set_defaults(run=_serve)
 
-    db = sub.add_parser("db", help="database maintenance")
+    db = add(sub, "db", help="database maintenance")
     db.set_defaults(run=lambda _args: _print_help(db))
     db_sub = db.add_subparsers(title="db commands")
-    db_up = db_sub.add_parser("upgrade", help="apply alembic migrations up to head")
+    db_up = add(db_sub, "upgrade", help="apply alembic migrations up to head")
     db_up.set_defaults(run=_db_upgrade)
 
-    drain = sub.add_parser(
-        "drain", help="park every session of a running daemon into shm/disk, then stop it"
+    drain = add(
+        sub,
+        "drain",
+        client,
+        help="park every session of a running daemon into shm/disk, then stop it",
     )
-    drain.add_argument("--url", help="daemon URL (default: from the config's server section)")
     drain.set_defaults(run=_drain)
 
-    status = sub.add_parser("status", help="print a running daemon's /v1/host as a table")
-    status.add_argument("--url", help="daemon URL (default: from the config's server section)")
+    status = add(sub, "status", client, help="print a running daemon's /v1/host as a table")
     status.set_defaults(run=_status)
 
-    bench = sub.add_parser("bench", help="benchmarks (print ratios measured in one run)")
+    bench = add(sub, "bench", help="benchmarks (print ratios measured in one run)")
     bench.set_defaults(run=lambda _args: _print_help(bench))
     bench_sub = bench.add_subparsers(title="benchmarks")
-    transfer = bench_sub.add_parser(
-        "transfer", help="pause/restore GB/s vs np.copyto at 64 MiB, 256 MiB, 1 GiB"
+    transfer = add(
+        bench_sub, "transfer", help="pause/restore GB/s vs np.copyto at 64 MiB, 256 MiB, 1 GiB"
     )
     transfer.add_argument(
         "--tier", choices=("dram", "shm", "disk"), default="dram", help="tier to park into"
@@ -75,15 +99,16 @@ def _parser() -> argparse.ArgumentParser:
         "directory, never tmpfs; shm: default /dev/shm)",
     )
     transfer.set_defaults(run=_bench_transfer)
-    resume = bench_sub.add_parser(
-        "resume", help="resume from dram and shm vs re-prefill from the token log"
+    resume = add(
+        bench_sub, "resume", help="resume from dram and shm vs re-prefill from the token log"
     )
     resume.add_argument(
         "--contexts", default="1024,4096,16384", help="comma-separated context lengths (tokens)"
     )
     resume.add_argument("--repeats", type=int, default=3, help="runs per context (median)")
     resume.set_defaults(run=_bench_resume)
-    agents = bench_sub.add_parser(
+    agents = add(
+        bench_sub,
         "agents",
         help="N agents with tool calls on one pool: keep-all, always-recompute, always-park "
         "and the adaptive policy, on a real daemon",
@@ -178,7 +203,7 @@ def _status(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     url = args.url or f"http://{settings.server.host}:{settings.server.port}"
-    return print_status(url)
+    return print_status(url, token=args.token)
 
 
 def _env_config() -> Path | None:
@@ -193,21 +218,22 @@ def _env_config() -> Path | None:
 def _drain(args: argparse.Namespace) -> int:
     import httpx
 
+    from agentpark.client import AgentparkAPIError, AgentparkClient
+
     settings = _settings(args)
     url = args.url or f"http://{settings.server.host}:{settings.server.port}"
     timeout = settings.shutdown.deadline_s + 30
     try:
-        response = httpx.post(f"{url.rstrip('/')}/v1/admin/drain", timeout=timeout)
-        response.raise_for_status()
-    except httpx.HTTPError as exc:
+        with AgentparkClient(url, token=args.token, timeout=timeout) as client:
+            summary = client.drain()
+    except (httpx.HTTPError, AgentparkAPIError) as exc:
         print(f"agentpark: drain of {url} failed: {exc}", file=sys.stderr)
         return 1
-    summary = response.json()
     print(
-        f"drained {url}: {summary['parked']} parked, {summary['moved']} moved to shm/disk, "
-        f"{summary['already_safe']} already safe, {summary['lost']} will be recomputed"
+        f"drained {url}: {summary.parked} parked, {summary.moved} moved to shm/disk, "
+        f"{summary.already_safe} already safe, {summary.lost} will be recomputed"
     )
-    return 0 if summary["lost"] == 0 else 1
+    return 0 if summary.lost == 0 else 1
 
 
 def _bench_transfer(args: argparse.Namespace) -> int:

@@ -1,20 +1,31 @@
-"""Shared fixtures: settings on a temporary state dir, and real daemons on 127.0.0.1."""
+"""Shared fixtures: settings on a temporary state dir, the app in-process, real daemons.
+
+- ``app_client``: an ``AgentparkClient`` on one warmed app per test module, run in this
+  process without a server (``shared_app``), with a tenant of its own; for contract tests.
+- ``app_factory``: the same, for a test that needs its own settings.
+- ``daemon`` / ``daemon_factory``: a real uvicorn server on a loopback port, for what
+  needs one (HTTP itself, concurrency, drain); ``daemon_process``: a real child process.
+"""
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 from fastapi import FastAPI
 
 from agentpark.app import create_app
+from agentpark.client import AgentparkAPIError, AgentparkClient
 from agentpark.config import Settings, load_settings
 from agentpark.runtime import Runtime
 
@@ -28,9 +39,7 @@ TINY = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No AGENTPARK_* variable of the machine leaks into a test."""
+def _unset_agentpark_env(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
     for name in list(os.environ):
@@ -38,28 +47,47 @@ def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-@pytest.fixture
-def shm_dir() -> Iterator[Path]:
-    """A private directory under /dev/shm (real shared memory), removed afterwards."""
+@pytest.fixture(autouse=True)
+def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No AGENTPARK_* variable of the machine leaks into a test."""
+    _unset_agentpark_env(monkeypatch)
+
+
+@contextmanager
+def _private_shm_dir() -> Iterator[Path]:
     import shutil
     import tempfile
 
     path = Path(tempfile.mkdtemp(prefix="agentpark-test-", dir="/dev/shm"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[Path]:
+    """A private directory under /dev/shm (real shared memory), removed afterwards."""
+    with _private_shm_dir() as path:
+        yield path
+
+
+def tiny_settings(state_dir: Path, shm_dir: Path, /, **overrides: Any) -> Settings:
+    """TINY with ``overrides`` merged in, on this state dir (unless one overrides it) and shm."""
+    tiers = {**TINY["tiers"], "shm": {"capacity": 32 * 4096, "path": shm_dir / "tier"}}
+    merged: dict[str, Any] = {"state_dir": state_dir, **TINY, "tiers": tiers}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return load_settings(None, **merged)
 
 
 @pytest.fixture
 def make_settings(tmp_path: Path, shm_dir: Path) -> Callable[..., Settings]:
     def make(**overrides: Any) -> Settings:
-        tiers = {**TINY["tiers"], "shm": {"capacity": 32 * 4096, "path": shm_dir / "tier"}}
-        merged: dict[str, Any] = {"state_dir": tmp_path / "state", **TINY, "tiers": tiers}
-        for key, value in overrides.items():
-            if isinstance(value, dict) and isinstance(merged.get(key), dict):
-                merged[key] = _merge(merged[key], value)
-            else:
-                merged[key] = value
-        return load_settings(None, **merged)
+        return tiny_settings(tmp_path / "state", shm_dir, **overrides)
 
     return make
 
@@ -72,6 +100,115 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+class _PortalTransport(httpx.BaseTransport):
+    """A blocking httpx transport onto an ASGI app whose event loop runs in another thread.
+
+    Each request is handed to httpx's ``ASGITransport`` on that loop (the one the app's
+    lifespan runs in) and waited for; requests from several threads run concurrently.
+    """
+
+    def __init__(self, app: FastAPI, portal: BlockingPortal) -> None:
+        self._asgi = httpx.ASGITransport(app=app)
+        self._portal = portal
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        request.read()  # a replayable body the async side can read too
+        return self._portal.call(self._handle, request)
+
+    async def _handle(self, request: httpx.Request) -> httpx.Response:
+        answer = await self._asgi.handle_async_request(request)
+        raw = b"".join([chunk async for chunk in answer.aiter_raw()])
+        return httpx.Response(answer.status_code, headers=answer.headers, content=raw)
+
+
+@dataclass
+class InProcessApp:
+    """``create_app(settings)`` with its lifespan running in this process, and no server."""
+
+    settings: Settings
+    app: FastAPI
+    transport: httpx.BaseTransport
+    clients: list[AgentparkClient] = field(default_factory=list)
+
+    @property
+    def runtime(self) -> Runtime:
+        runtime: Runtime = self.app.state.runtime
+        return runtime
+
+    def client(self, tenant: str | None = None) -> AgentparkClient:
+        """A client of this app (closed with it); ``tenant`` as the daemon sees it."""
+        client = AgentparkClient("http://in-process", tenant=tenant, transport=self.transport)
+        self.clients.append(client)
+        return client
+
+    def forget_tenants(self) -> None:
+        """Delete every session the clients handed out so far made, and close them."""
+        for client in self.clients:
+            try:
+                for session in list(client.iter_sessions(page_size=1000)):
+                    client.delete_session(session.session_id)
+            except AgentparkAPIError as exc:  # a tenant name the daemon refuses made none
+                assert exc.code == "invalid_request", exc
+            client.close()
+        self.clients.clear()
+
+
+@contextmanager
+def run_in_process(settings: Settings, config_path: Path | None = None) -> Iterator[InProcessApp]:
+    """Run the app's lifespan (runtime start, warm-up, shutdown) on a portal's event loop."""
+    app = create_app(settings, config_path)
+    with start_blocking_portal() as portal, ExitStack() as stack:
+        stack.enter_context(portal.wrap_async_context_manager(app.router.lifespan_context(app)))
+        running = InProcessApp(settings, app, _PortalTransport(app, portal))
+        stack.callback(running.forget_tenants)
+        assert running.runtime.ready.wait(timeout=120), "engine warm-up did not finish"
+        yield running
+
+
+@pytest.fixture(scope="module")
+def shared_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessApp]:
+    """One warmed app (TINY settings) for a whole test module; see ``app_client``."""
+    with pytest.MonkeyPatch.context() as env, _private_shm_dir() as shm:
+        _unset_agentpark_env(env)
+        settings = tiny_settings(tmp_path_factory.mktemp("shared") / "state", shm)
+        with run_in_process(settings) as running:
+            yield running
+
+
+_counter = iter(range(1_000_000))
+
+
+@pytest.fixture
+def app_client(
+    shared_app: InProcessApp, request: pytest.FixtureRequest
+) -> Iterator[AgentparkClient]:
+    """A client of ``shared_app`` with a tenant of its own, named after the test.
+
+    Afterwards the sessions of every tenant the test used are deleted and the pool and
+    tiers must be empty again, so a test may assert host totals as on a fresh daemon.
+    What is not per tenant carries over between the module's tests: counters, events of
+    the host, and the learned pauses of each tool (use a tool name no other test uses).
+    """
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name).strip("-.")[:100]
+    yield shared_app.client(f"{next(_counter)}-{name}")
+    shared_app.forget_tenants()
+    host = shared_app.runtime.host_snapshot()
+    assert host.pool.used_blocks == 0, "a test left KV in the shared app's pool"
+    assert all(t.used_blocks == 0 for t in host.tiers.values()), host.tiers
+
+
+@pytest.fixture
+def app_factory() -> Iterator[Callable[[Settings], InProcessApp]]:
+    """Start an in-process app with these settings; each is shut down after the test."""
+    with ExitStack() as stack:
+
+        def start(settings: Settings) -> InProcessApp:
+            running: AbstractContextManager[InProcessApp] = run_in_process(settings)
+            return stack.enter_context(running)
+
+        yield start
 
 
 @dataclass
@@ -130,6 +267,8 @@ def daemon_factory() -> Iterator[Callable[[Settings], Daemon]]:
     for daemon in started:
         if daemon.thread.is_alive():
             daemon.stop()
+        else:  # it stopped itself (a drain)
+            daemon.client.close()
 
 
 @pytest.fixture
@@ -167,7 +306,8 @@ class DaemonProcess:
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPARK_")}
         env["PYTHONUNBUFFERED"] = "1"
-        cmd = [sys.executable, "-m", "agentpark", "--config", str(config), "serve"]
+        # --config after the subcommand: what `agentpark serve --config FILE` has to accept
+        cmd = [sys.executable, "-m", "agentpark", "serve", "--config", str(config)]
         cmd += ["--port", str(port)]
         self.url = f"http://127.0.0.1:{port}"
         self.log: list[str] = []

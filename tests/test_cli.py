@@ -11,6 +11,9 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
+
+from agentpark import cli
 
 
 def _free_port() -> int:
@@ -29,11 +32,17 @@ def _env(state_dir: Path, shm_dir: Path | None = None) -> dict[str, str]:
     return env
 
 
+STATUS = [sys.executable, "-m", "agentpark", "status"]
+
+
 def test_serve_status_and_sigterm(tmp_path: Path, shm_dir: Path) -> None:
     port = _free_port()
     env = _env(tmp_path / "state", shm_dir)
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "agentpark", "serve", "--port", str(port)]
+    # The port comes only from the file, given after the subcommand, to serve and status.
+    config = tmp_path / "agentpark.toml"
+    config.write_text(f"[server]\nport = {port}\n")
+    cmd = [sys.executable, "-m", "agentpark", "serve", "--config", str(config)]
     with subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True) as proc:
         assert proc.stderr is not None
         seen = []
@@ -51,7 +60,7 @@ def test_serve_status_and_sigterm(tmp_path: Path, shm_dir: Path) -> None:
             assert (tmp_path / "state" / "agentpark.db").is_file()
             httpx.post(f"{url}/v1/sessions", json={"session_id": "cli"})
             status = subprocess.run(
-                [sys.executable, "-m", "agentpark", "status", "--url", url],
+                [*STATUS, "--config", str(config), "--token", "not-checked-yet"],
                 env=env | {"COLUMNS": "120"},
                 capture_output=True,
                 text=True,
@@ -67,6 +76,7 @@ def test_serve_status_and_sigterm(tmp_path: Path, shm_dir: Path) -> None:
     assert status.returncode == 0, status.stderr
     assert "KV pool used" in status.stdout and "0/32 blocks" in status.stdout
     assert "tier dram" in status.stdout and "HBM reclaimed" in status.stdout
+    assert f"agentpark at {url}" in status.stdout
 
 
 def test_status_of_a_daemon_that_is_not_there_fails_clearly(tmp_path: Path) -> None:
@@ -92,3 +102,53 @@ def test_bad_config_stops_serve_with_the_key_and_range(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert "pool.block_size" in out.stderr and "1..4096" in out.stderr
+
+
+COMMANDS = [
+    ["serve"],
+    ["db", "upgrade"],
+    ["status"],
+    ["drain"],
+    ["bench", "transfer"],
+    ["bench", "resume"],
+    ["bench", "agents"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_config_goes_before_or_after_every_subcommand(command: list[str]) -> None:
+    parse = cli._parser().parse_args
+    assert parse(command).config is None
+    assert parse(["--config", "a.toml", *command]).config == Path("a.toml")
+    assert parse([*command, "--config", "b.toml"]).config == Path("b.toml")
+    assert parse(["--config", "a.toml", *command, "--config", "b.toml"]).config == Path("b.toml")
+    if len(command) == 2:  # between a group and its command, too
+        assert parse([command[0], "--config", "c.toml", command[1]]).config == Path("c.toml")
+
+
+def test_db_upgrade_reads_a_config_given_after_the_subcommand(tmp_path: Path) -> None:
+    state = tmp_path / "from-the-file"
+    config = tmp_path / "agentpark.toml"
+    config.write_text(f'state_dir = "{state}"\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "agentpark", "db", "upgrade", "--config", str(config)],
+        env={k: v for k, v in _env(tmp_path).items() if k != "AGENTPARK_STATE_DIR"},
+        cwd=tmp_path,  # without the file, the state would go to ./.agentpark here
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (state / "agentpark.db").is_file() and "database at head" in out.stdout
+
+
+def test_drain_of_a_daemon_that_is_not_there_fails_clearly(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    out = subprocess.run(
+        [sys.executable, "-m", "agentpark", "drain", "--url", url, "--token", "t"],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and f"drain of {url} failed" in out.stderr

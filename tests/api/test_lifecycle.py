@@ -1,35 +1,52 @@
-"""The session life cycle over real HTTP against a real uvicorn server."""
+"""The session life cycle through the REST API: in-process, and once over real HTTP."""
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
 
 import numpy as np
+import pytest
 
-from tests.conftest import Daemon
+from agentpark.api.schemas import GenerateResponse
+from agentpark.client import AgentparkAPIError, AgentparkClient
+from tests.conftest import Daemon, InProcessApp
 
 
-def _logits(body: dict[str, object]) -> np.ndarray:
-    raw = body["logits"]
+def _logits(body: GenerateResponse) -> np.ndarray:
+    raw = body.logits
     assert isinstance(raw, str)
     return np.frombuffer(base64.b64decode(raw), dtype="<f4")
 
 
-def test_pause_resume_continues_bit_exact_like_a_never_paused_twin(daemon: Daemon) -> None:
-    c = daemon.client
-    prompt = {"prompt": "Search the web for the weather in Lisbon.", "max_new_tokens": 32}
+@pytest.fixture(params=["in-process", "uvicorn"])
+def any_client(request: pytest.FixtureRequest) -> Iterator[AgentparkClient]:
+    """The shared in-process app, then a real uvicorn server on a loopback port."""
+    if request.param == "in-process":
+        yield request.getfixturevalue("app_client")
+    else:
+        daemon: Daemon = request.getfixturevalue("daemon")
+        with AgentparkClient(daemon.url) as client:
+            yield client
+
+
+def test_pause_resume_continues_bit_exact_like_a_never_paused_twin(
+    any_client: AgentparkClient,
+) -> None:
+    c = any_client
+    prompt = "Search the web for the weather in Lisbon."
     for sid in ("parked", "twin"):
-        assert c.post("/v1/sessions", json={"session_id": sid}).status_code == 201
-    first = c.post("/v1/sessions/parked/generate", json=prompt).json()
-    twin_first = c.post("/v1/sessions/twin/generate", json=prompt).json()
-    assert first["tokens"] == twin_first["tokens"] and len(first["tokens"]) == 32
+        assert c.request("POST", "/v1/sessions", json={"session_id": sid}).status_code == 201
+    first = c.generate("parked", prompt, max_new_tokens=32)
+    twin_first = c.generate("twin", prompt, max_new_tokens=32)
+    assert first.tokens == twin_first.tokens and len(first.tokens) == 32
 
-    host_before = c.get("/v1/host").json()
-    session = c.get("/v1/sessions/parked").json()
-    blocks, kv_bytes = session["kv_blocks"], session["kv_bytes"]
-    assert blocks > 0 and kv_bytes == blocks * host_before["pool"]["block_bytes"]
+    host_before = c.host()
+    session = c.get_session("parked")
+    blocks, kv_bytes = session.kv_blocks, session.kv_bytes
+    assert blocks > 0 and kv_bytes == blocks * host_before.pool.block_bytes
 
-    paused = c.post("/v1/sessions/parked/pause", json={"tool": "web_search"})
+    paused = c.request("POST", "/v1/sessions/parked/pause", json={"tool": "web_search"})
     assert paused.status_code == 200
     assert paused.json() | {"pause_ms": 0} == {
         "session_id": "parked",
@@ -42,128 +59,140 @@ def test_pause_resume_continues_bit_exact_like_a_never_paused_twin(daemon: Daemo
         "kv_bytes": kv_bytes,
         "pause_ms": 0,
     }
-    host = c.get("/v1/host").json()
-    assert host["pool"]["free_blocks"] == host_before["pool"]["free_blocks"] + blocks
-    assert host["pool"]["used_blocks"] == host_before["pool"]["used_blocks"] - blocks
-    assert host["tiers"]["dram"]["used_bytes"] == kv_bytes
-    assert host["reclaimed_bytes"] == kv_bytes
-    assert host["sessions"]["parked"] == 1
+    host = c.host()
+    assert host.pool.free_blocks == host_before.pool.free_blocks + blocks
+    assert host.pool.used_blocks == host_before.pool.used_blocks - blocks
+    assert host.tiers["dram"].used_bytes == kv_bytes
+    assert host.reclaimed_bytes == kv_bytes
+    assert host.sessions["parked"] == 1
 
-    resumed = c.post("/v1/sessions/parked/resume")
-    assert resumed.status_code == 200
-    assert resumed.json()["restored_from"] == "dram"
-    assert c.get("/v1/host").json()["tiers"]["dram"]["used_bytes"] == 0
+    resumed = c.resume("parked")
+    assert resumed.resume_ms is not None  # 200, done: not 202 with the copy in flight
+    assert resumed.restored_from == "dram"
+    assert c.host().tiers["dram"].used_bytes == 0
 
-    more = {"max_new_tokens": 32, "return_logits": True}
-    second = c.post("/v1/sessions/parked/generate", json=more).json()
-    twin_second = c.post("/v1/sessions/twin/generate", json=more).json()
-    assert len(second["tokens"]) == 32
-    assert first["tokens"] + second["tokens"] == twin_first["tokens"] + twin_second["tokens"]
+    second = c.generate("parked", max_new_tokens=32, return_logits=True)
+    twin_second = c.generate("twin", max_new_tokens=32, return_logits=True)
+    assert len(second.tokens) == 32
+    assert first.tokens + second.tokens == twin_first.tokens + twin_second.tokens
     assert _logits(second).tobytes() == _logits(twin_second).tobytes()
-    assert second["resumed"] is False
+    assert second.resumed is False
 
 
-def test_generate_on_a_parked_session_resumes_it_and_says_so(daemon: Daemon) -> None:
-    c = daemon.client
+def test_generate_on_a_parked_session_resumes_it_and_says_so(app_client: AgentparkClient) -> None:
+    c = app_client
     for sid in ("a", "twin"):
-        c.post("/v1/sessions", json={"session_id": sid})
-        c.post(f"/v1/sessions/{sid}/generate", json={"prompt": "tool call", "max_new_tokens": 8})
-    c.post("/v1/sessions/a/pause")
-    step = {"prompt": " result: 42", "max_new_tokens": 8, "return_logits": True}
-    out = c.post("/v1/sessions/a/generate", json=step).json()
-    twin = c.post("/v1/sessions/twin/generate", json=step).json()
-    assert out["resumed"] is True and out["restored_from"] == "dram"
-    assert out["resume_ms"] is not None and out["resume_ms"] >= 0
-    assert out["tokens"] == twin["tokens"]
-    assert out["logits"] == twin["logits"]
-    assert c.get("/v1/sessions/a").json()["state"] == "active"
+        c.create_session(sid)
+        c.generate(sid, "tool call", max_new_tokens=8)
+    c.pause("a")
+    step = {"max_new_tokens": 8, "return_logits": True}
+    out = c.generate("a", " result: 42", **step)
+    twin = c.generate("twin", " result: 42", **step)
+    assert out.resumed is True and out.restored_from == "dram"
+    assert out.resume_ms is not None and out.resume_ms >= 0
+    assert out.tokens == twin.tokens
+    assert out.logits == twin.logits
+    assert c.get_session("a").state == "active"
 
 
-def test_pause_and_resume_are_idempotent(daemon: Daemon) -> None:
-    c = daemon.client
-    c.post("/v1/sessions", json={"session_id": "s"})
-    c.post("/v1/sessions/s/generate", json={"prompt": "x", "max_new_tokens": 4})
-    again = c.post("/v1/sessions/s/resume")
+def test_pause_and_resume_are_idempotent(app_client: AgentparkClient) -> None:
+    c = app_client
+    c.create_session("s")
+    c.generate("s", "x", max_new_tokens=4)
+    again = c.request("POST", "/v1/sessions/s/resume")
     assert again.status_code == 200 and again.json()["restored_from"] == "pool"
-    c.post("/v1/sessions/s/pause")
-    twice = c.post("/v1/sessions/s/pause")
+    c.pause("s")
+    twice = c.request("POST", "/v1/sessions/s/pause")
     assert twice.status_code == 200 and twice.json()["state"] == "parked"
-    assert c.get("/v1/sessions/s").json()["pause_count"] == 1
+    assert c.get_session("s").pause_count == 1
 
 
-def test_events_record_every_transition_with_bytes_and_durations(daemon: Daemon) -> None:
-    c = daemon.client
-    c.post("/v1/sessions", json={"session_id": "e"})
-    c.post("/v1/sessions/e/generate", json={"prompt": "hi", "max_new_tokens": 20})
-    c.post("/v1/sessions/e/pause", json={"tool": "code_run"})
-    c.post("/v1/sessions/e/resume")
-    assert c.delete("/v1/sessions/e").status_code == 204
-    events = c.get("/v1/events", params={"session_id": "e"}).json()["events"]
-    kinds = [e["kind"] for e in events]
+def test_events_record_every_transition_with_bytes_and_durations(
+    app_client: AgentparkClient,
+) -> None:
+    c = app_client
+    c.create_session("e")
+    c.generate("e", "hi", max_new_tokens=20)
+    c.pause("e", tool="code_run")
+    c.resume("e")
+    assert c.request("DELETE", "/v1/sessions/e").status_code == 204
+    events = c.events("e").events
+    kinds = [e.kind for e in events]
     assert kinds == ["delete", "tool_return", "resume", "pause", "generate", "create"]
     pause = events[3]
-    kv_bytes = pause["bytes"]
-    assert kv_bytes > 0 and pause["to_tier"] == "dram" and pause["detail"] == "tool=code_run"
-    assert events[2]["bytes"] == kv_bytes and events[2]["from_tier"] == "dram"
-    assert all(e["duration_ms"] is not None for e in events[1:5])
-    assert events[1]["detail"] == "code_run"  # how long the tool took, learned per tool
+    kv_bytes = pause.bytes
+    assert kv_bytes is not None
+    assert kv_bytes > 0 and pause.to_tier == "dram" and pause.detail == "tool=code_run"
+    assert events[2].bytes == kv_bytes and events[2].from_tier == "dram"
+    assert all(e.duration_ms is not None for e in events[1:5])
+    assert events[1].detail == "code_run"  # how long the tool took, learned per tool
 
 
-def test_delete_frees_blocks_and_keeps_the_row_as_history(daemon: Daemon) -> None:
-    c = daemon.client
-    free0 = c.get("/v1/host").json()["pool"]["free_blocks"]
-    c.post("/v1/sessions", json={"session_id": "d"})
-    c.post("/v1/sessions/d/generate", json={"prompt": "hello", "max_new_tokens": 40})
-    assert c.get("/v1/host").json()["pool"]["free_blocks"] < free0
-    assert c.delete("/v1/sessions/d").status_code == 204
-    assert c.get("/v1/host").json()["pool"]["free_blocks"] == free0
-    assert c.get("/v1/sessions/d").json()["state"] == "deleted"
-    assert c.delete("/v1/sessions/d").status_code == 204
-    gone = c.post("/v1/sessions/d/generate", json={"prompt": "x", "max_new_tokens": 1})
-    assert gone.status_code == 409 and gone.json()["error"]["code"] == "invalid_state"
-    listed = [s["session_id"] for s in c.get("/v1/sessions").json()["sessions"]]
+def test_delete_frees_blocks_and_keeps_the_row_as_history(app_client: AgentparkClient) -> None:
+    c = app_client
+    free0 = c.host().pool.free_blocks
+    c.create_session("d")
+    c.generate("d", "hello", max_new_tokens=40)
+    assert c.host().pool.free_blocks < free0
+    assert c.request("DELETE", "/v1/sessions/d").status_code == 204
+    assert c.host().pool.free_blocks == free0
+    assert c.get_session("d").state == "deleted"
+    assert c.request("DELETE", "/v1/sessions/d").status_code == 204
+    with pytest.raises(AgentparkAPIError) as gone:
+        c.generate("d", "x", max_new_tokens=1)
+    assert gone.value.status == 409 and gone.value.code == "invalid_state"
+    listed = [s.session_id for s in c.list_sessions().sessions]
     assert "d" not in listed
-    deleted = c.get("/v1/sessions", params={"state": "deleted"}).json()["sessions"]
-    assert [s["session_id"] for s in deleted] == ["d"]
+    deleted = c.list_sessions(state="deleted").sessions
+    assert [s.session_id for s in deleted] == ["d"]
 
 
-def test_list_pages_with_a_cursor(daemon: Daemon) -> None:
-    c = daemon.client
+def test_list_pages_with_a_cursor(app_client: AgentparkClient) -> None:
+    c = app_client
     ids = [f"s{i}" for i in range(5)]
     for sid in ids:
-        c.post("/v1/sessions", json={"session_id": sid})
+        c.create_session(sid)
     seen: list[str] = []
     cursor = None
+    pages = 0
     while True:
-        params = {"limit": 2} | ({"cursor": cursor} if cursor else {})
-        page = c.get("/v1/sessions", params=params).json()
-        seen += [s["session_id"] for s in page["sessions"]]
-        cursor = page["next_cursor"]
+        page = c.list_sessions(limit=2, cursor=cursor)
+        pages += 1
+        seen += [s.session_id for s in page.sessions]
+        cursor = page.next_cursor
         if cursor is None:
             break
-    assert seen == ids
+    assert seen == ids and pages == 3
+    assert [s.session_id for s in c.iter_sessions(page_size=2)] == ids
 
 
-def test_tenants_cannot_see_or_touch_each_others_sessions(daemon: Daemon) -> None:
-    c = daemon.client
-    a = {"X-Agentpark-Tenant": "team-a"}
-    b = {"X-Agentpark-Tenant": "team-b"}
-    c.post("/v1/sessions", json={"session_id": "mine"}, headers=a)
-    c.post("/v1/sessions/mine/generate", json={"prompt": "x", "max_new_tokens": 2}, headers=a)
-    assert c.get("/v1/sessions/mine", headers=b).status_code == 404
-    assert c.post("/v1/sessions/mine/pause", headers=b).status_code == 404
-    assert c.delete("/v1/sessions/mine", headers=b).status_code == 404
-    assert c.get("/v1/sessions", headers=b).json()["sessions"] == []
-    assert c.get("/v1/events", headers=b).json()["events"] == []
-    assert c.get("/v1/sessions/mine", headers=a).json()["state"] == "active"
+def test_tenants_cannot_see_or_touch_each_others_sessions(
+    shared_app: InProcessApp, app_client: AgentparkClient
+) -> None:
+    a = shared_app.client(f"{app_client.tenant}-a")
+    b = shared_app.client(f"{app_client.tenant}-b")
+    a.create_session("mine")
+    a.generate("mine", "x", max_new_tokens=2)
+    for call in (
+        lambda: b.get_session("mine"),
+        lambda: b.pause("mine"),
+        lambda: b.delete_session("mine"),
+    ):
+        with pytest.raises(AgentparkAPIError) as refused:
+            call()
+        assert refused.value.status == 404
+    assert b.list_sessions().sessions == []
+    assert b.events().events == []
+    assert a.get_session("mine").state == "active"
     # the same id in another tenant is another session
-    assert c.post("/v1/sessions", json={"session_id": "mine"}, headers=b).status_code == 201
+    assert b.request("POST", "/v1/sessions", json={"session_id": "mine"}).status_code == 201
 
 
-def test_health_readiness_and_openapi(daemon: Daemon) -> None:
-    c = daemon.client
-    assert c.get("/healthz").json() == {"status": "ok"}
-    assert c.get("/readyz").json() == {"status": "ready"}
-    spec = c.get("/openapi.json").json()
+def test_health_readiness_and_openapi(app_client: AgentparkClient) -> None:
+    c = app_client
+    assert c.healthz().status == "ok"
+    assert c.request("GET", "/readyz").json() == {"status": "ready"}
+    assert c.readyz() is True
+    spec = c.request("GET", "/openapi.json").json()
     assert "/v1/sessions/{session_id}/pause" in spec["paths"]
-    assert c.get("/docs").status_code == 200
+    assert c.request("GET", "/docs").status_code == 200
