@@ -1,0 +1,234 @@
+"""The session core driven through the external-driver interface by a scripted fake engine.
+
+``FakeEngine`` is a stand-in for a serving engine in another process (vLLM): it owns a
+pool of numpy arrays and its own block allocator, writes KV bytes for the tokens it
+"computes", frees blocks when a request ends and reuses them for others. The core, the
+tiers (a real dram tier and a real /dev/shm file), the SQLite store and the checksums are
+the real ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agentpark.blocks import ArraySpec, BlockAllocator, PoolGeometry
+from agentpark.enums import RestoredFrom, State
+from agentpark.errors import InvalidStateError
+from agentpark.parking import (
+    ArrayPool,
+    CoreOptions,
+    ExternalDriver,
+    PauseAdvice,
+    external_core,
+)
+from agentpark.store.db import open_database
+from agentpark.store.migrate import upgrade
+from agentpark.store.repository import SessionStore
+from agentpark.tiers.base import HostTier
+from agentpark.tiers.dram import DramTier
+from agentpark.tiers.shm import ShmTier
+
+BLOCK = 4  # tokens per block
+GEOMETRY = PoolGeometry(
+    num_blocks=16,
+    block_size=BLOCK,
+    arrays=(ArraySpec((2, BLOCK, 8), "uint16"), ArraySpec((BLOCK, 3), "float32")),
+)
+TENANT = "t"
+
+
+class FakeEngine:
+    """FAKE serving engine: a numpy pool, its allocator, and KV bytes made from token ids."""
+
+    def __init__(self, geometry: PoolGeometry) -> None:
+        self.arrays = tuple(
+            np.zeros((geometry.num_blocks, *a.block_shape), dtype=a.dtype) for a in geometry.arrays
+        )
+        self.pool = ArrayPool(self.arrays)
+        self.allocator = BlockAllocator(geometry.num_blocks)
+
+    def compute(self, request: str, tokens: list[int], rng: np.random.Generator) -> list[int]:
+        """Allocate blocks for ``tokens`` and write (random, seeded) KV into them."""
+        blocks = self.allocator.allocate(request, GEOMETRY.blocks_for(len(tokens)))
+        for arr in self.arrays:
+            for b in blocks:
+                arr[b] = rng.integers(0, 60_000, arr.shape[1:]).astype(arr.dtype)
+        return blocks
+
+    def rows(self, blocks: list[int]) -> list[np.ndarray]:
+        return [arr[blocks].copy() for arr in self.arrays]
+
+    def finish(self, request: str) -> None:
+        """The request ended: its blocks go back to the free list, and get scribbled on."""
+        for b in self.allocator.free_all(request):
+            for arr in self.arrays:
+                arr[b] = 0
+
+
+@dataclass
+class Host:
+    store: SessionStore
+    tiers: list[HostTier]
+    shm_path: Path
+    engine: FakeEngine
+    driver: ExternalDriver
+
+    def restart(self) -> None:
+        """A restart of the daemon: a new core over the same SQLite file and shm file."""
+        self.driver.core.close()
+        for tier in self.tiers:
+            tier.close()
+        self.tiers = _tiers(self.shm_path)
+        self.driver = _core(self.store, self.tiers, self.engine)
+
+
+def _tiers(shm_path: Path) -> list[HostTier]:
+    capacity = 8 * GEOMETRY.block_nbytes
+    return [
+        DramTier(GEOMETRY, capacity),
+        ShmTier(shm_path, GEOMETRY, capacity, "fake-model"),
+    ]
+
+
+def _core(store: SessionStore, tiers: list[HostTier], engine: FakeEngine) -> ExternalDriver:
+    options = CoreOptions(checksum_tiers=frozenset({"shm"}))
+    return external_core(store, GEOMETRY, "fake-model", tiers, pool=engine.pool, options=options)
+
+
+@pytest.fixture
+def host(tmp_path: Path, shm_dir: Path) -> Iterator[Host]:
+    url = f"sqlite:///{tmp_path / 'agentpark.db'}"
+    upgrade(url)
+    store = SessionStore(*open_database(url))
+    engine = FakeEngine(GEOMETRY)
+    tiers = _tiers(shm_dir / "tier")
+    made = Host(store, tiers, shm_dir / "tier", engine, _core(store, tiers, engine))
+    yield made
+    made.driver.core.close()
+    for tier in made.tiers:
+        tier.close()
+    store.close()
+
+
+def _kinds(host: Host, session_id: str) -> list[str]:
+    return [e.kind for e in reversed(host.store.events(TENANT, session_id, 100))]
+
+
+def test_a_parked_turn_is_restored_into_other_blocks_with_identical_bytes(host: Host) -> None:
+    engine, driver, rng = host.engine, host.driver, np.random.default_rng(0)
+    engine.compute("someone-else", [1, 2, 3, 4, 5], rng)  # so the session's ids are not 0..
+    turn1 = [7, 3, 9, 1, 4, 4, 8, 2, 6, 5]  # 10 tokens: 2 whole blocks and a partial one
+    blocks1 = engine.compute("req-1", turn1, rng)
+    kept_rows = engine.rows(blocks1)
+
+    result = driver.turn_ended(TENANT, "agent-1", turn1, blocks1, tool="web_search")
+    assert result.decision == "parked" and result.row.state == State.PARKED
+    assert result.row.tier == "dram" and result.row.kv_blocks == 3
+    engine.finish("req-1")  # the engine frees the blocks only after turn_ended returned
+    engine.finish("someone-else")
+    assert host.tiers[0].used_blocks == 3
+    driver.core.check_invariants()
+
+    # Turn 2 replays turn 1 and appends the tool's result.
+    turn2 = [*turn1, 11, 12, 13, 14, 15, 16]
+    assert driver.lookup(TENANT, "agent-1", turn2) == 8  # whole blocks only
+    blocks2 = engine.allocator.allocate("req-2", GEOMETRY.blocks_for(len(turn2)))
+    assert not set(blocks2[:2]) & set(blocks1[:2]), "the engine must hand out other blocks"
+    restored = driver.restore_prefix(TENANT, "agent-1", turn2, blocks2)
+
+    assert restored.tokens == 8 and restored.restored_from == RestoredFrom.DRAM
+    for now, before in zip(engine.rows(blocks2[:2]), kept_rows, strict=True):
+        assert np.array_equal(now, before[:2])  # bit-identical, every pool array
+    row = driver.core.get(TENANT, "agent-1")
+    assert row.state == State.ACTIVE and row.num_tokens == 8 and row.tier is None
+    assert host.tiers[0].used_blocks == 0
+    assert driver.core.counters.prefill_tokens_avoided == 8
+    assert _kinds(host, "agent-1") == ["create", "turn", "pause", "resume", "tool_return"]
+    driver.core.check_invariants()
+
+
+def test_lookup_stops_at_the_first_differing_token_and_leaves_one_to_compute(
+    host: Host,
+) -> None:
+    engine, driver, rng = host.engine, host.driver, np.random.default_rng(1)
+    tokens = list(range(100, 112))  # exactly 3 blocks
+    driver.turn_ended(TENANT, "s", tokens, engine.compute("r", tokens, rng))
+    engine.finish("r")
+    assert driver.lookup(TENANT, "s", tokens) == 8  # the same 12 tokens: one must be computed
+    assert driver.lookup(TENANT, "s", [*tokens, 1]) == 12
+    changed = [*tokens[:5], 999, *tokens[6:], 1]
+    assert driver.lookup(TENANT, "s", changed) == 4  # differs in block 2
+    assert driver.lookup(TENANT, "s", [5, *tokens]) == 0
+    assert driver.lookup(TENANT, "unknown", tokens) == 0
+    assert driver.lookup("other-tenant", "s", tokens) == 0
+
+
+def test_a_short_pause_is_kept_and_nothing_is_parked(host: Host) -> None:
+    engine, driver, rng = host.engine, host.driver, np.random.default_rng(2)
+    driver.core.advisor = lambda kv_bytes, tool, expected: PauseAdvice(False, "short", 0.5)
+    tokens = list(range(9))
+    result = driver.turn_ended(TENANT, "s", tokens, engine.compute("r", tokens, rng), tool="calc")
+    assert result.decision == "kept" and result.why == "short"
+    assert result.row.state == State.ACTIVE and all(t.used_blocks == 0 for t in host.tiers)
+    assert driver.lookup(TENANT, "s", [*tokens, 1]) == 0  # the engine's own cache has it
+    assert _kinds(host, "s") == ["create", "turn", "keep"]
+
+
+def test_a_corrupt_parked_copy_restores_nothing_and_the_next_turn_recomputes(
+    host: Host,
+) -> None:
+    engine, driver, rng = host.engine, host.driver, np.random.default_rng(3)
+    tokens = list(range(9))
+    blocks = engine.compute("r", tokens, rng)
+    result = driver.turn_ended(TENANT, "s", tokens, blocks, tier="shm")
+    engine.finish("r")
+    assert result.row.tier == "shm" and result.row.checksum
+    slot = driver.core.live(TENANT, "s").slots[1]
+    host.tiers[1].buffers()[0][slot].flat[3] ^= 1  # one flipped bit in the parked copy
+
+    turn2 = [*tokens, 50, 51]
+    blocks2 = engine.allocator.allocate("r2", GEOMETRY.blocks_for(len(turn2)))
+    restored = driver.restore_prefix(TENANT, "s", turn2, blocks2)
+    assert restored.tokens == 0 and restored.restored_from is None
+    row = driver.core.get(TENANT, "s")
+    assert row.state == State.LOST and host.tiers[1].used_blocks == 0
+    assert "corrupt" in _kinds(host, "s")
+    # The engine computed the whole prompt itself and reports the turn: active again.
+    again = driver.turn_ended(TENANT, "s", turn2, blocks2, tier="dram")
+    assert again.row.state == State.PARKED and again.row.tier == "dram"
+
+
+def test_a_shm_parked_session_survives_a_daemon_restart_and_restores_bit_exact(
+    host: Host,
+) -> None:
+    engine, rng = host.engine, np.random.default_rng(4)
+    tokens = list(range(30, 43))  # 13 tokens, 4 blocks
+    blocks = engine.compute("r", tokens, rng)
+    kept = engine.rows(blocks)
+    host.driver.turn_ended(TENANT, "s", tokens, blocks, tier="shm")
+    engine.finish("r")
+
+    host.restart()
+    assert host.driver.core.get(TENANT, "s").state == State.PARKED
+    turn2 = [*tokens, 1, 2, 3]
+    assert host.driver.lookup(TENANT, "s", turn2) == 12
+    blocks2 = engine.allocator.allocate("r2", 4)
+    restored = host.driver.restore_prefix(TENANT, "s", turn2, blocks2)
+    assert restored.tokens == 12 and restored.restored_from == RestoredFrom.SHM
+    for now, before in zip(engine.rows(blocks2[:3]), kept, strict=True):
+        assert np.array_equal(now, before[:3])
+
+
+def test_rest_resume_of_an_external_session_is_refused_and_changes_nothing(host: Host) -> None:
+    engine, driver, rng = host.engine, host.driver, np.random.default_rng(5)
+    tokens = list(range(8))
+    driver.turn_ended(TENANT, "s", tokens, engine.compute("r", tokens, rng))
+    with pytest.raises(InvalidStateError, match="restored into the engine's blocks"):
+        driver.core.resume(TENANT, "s")
+    assert driver.core.get(TENANT, "s").state == State.PARKED
+    driver.core.check_invariants()
