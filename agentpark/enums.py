@@ -10,6 +10,7 @@ from enum import StrEnum
 
 __all__ = [
     "PARKING_TIERS",
+    "Decision",
     "EventKind",
     "Medium",
     "Reason",
@@ -58,6 +59,13 @@ class Medium(StrEnum):
 
     POOL = "pool"  # an engine's pool, reached only through a DMA backend
     HOST = "host"  # numpy buffers in the pool's layout: tiers, host-resident pools
+
+
+class Decision(StrEnum):
+    """What a pause did: the advisor parks a session, or keeps a short pause in the pool."""
+
+    PARKED = "parked"
+    KEPT = "kept"
 
 
 class RestoredFrom(StrEnum):

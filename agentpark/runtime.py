@@ -12,6 +12,7 @@ from agentpark.blocks import PoolGeometry
 from agentpark.config import PolicySettings, Settings, load_settings
 from agentpark.dma import select_transfer
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
+from agentpark.enums import Tier
 from agentpark.errors import ConfigError, InvalidRequestError
 from agentpark.history import HostSampler
 from agentpark.metrics import Metrics
@@ -59,7 +60,7 @@ class Runtime:
             # TPU Sync keeps parked bytes in its own host memory, in the TPU's tiled layout:
             # one bookkeeping-only tier, and nothing agentpark could copy to shm or disk.
             capacity = int(settings.tiers.dram.capacity) // engine.geometry.block_nbytes
-            tiers: list[HostTier] = [BackendHeldTier("dram", engine.geometry, capacity)]
+            tiers: list[HostTier] = [BackendHeldTier(Tier.DRAM, engine.geometry, capacity)]
             transfer = select_transfer("tpu_sync", engine=engine, host_blocks=capacity)
         else:
             transfer = select_transfer(settings.dma.backend)

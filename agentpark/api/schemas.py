@@ -10,11 +10,11 @@ from __future__ import annotations
 import base64
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentpark.enums import EventKind, Reason, RestoredFrom, State, Tier, TierChoice
+from agentpark.enums import Decision, EventKind, Reason, RestoredFrom, State, Tier, TierChoice
 
 __all__ = [
     "DrainResponse",
@@ -211,7 +211,7 @@ class MoveRequest(_Request):
 
 class PauseResponse(BaseModel):
     session_id: str
-    decision: Literal["parked", "kept"] = Field(
+    decision: Decision = Field(
         description="kept: the pause is shorter than the round trip would cost (break-even)"
     )
     why: str

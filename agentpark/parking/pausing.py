@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from agentpark.enums import EventKind, Reason, State, TierChoice
+from agentpark.enums import Decision, EventKind, Reason, State, TierChoice
 from agentpark.errors import (
     InvalidRequestError,
     InvalidStateError,
@@ -56,14 +56,14 @@ class Pausing(CoreBase):
             row = live.row
             if row.state in (State.PARKED, State.LOST):
                 self.registry.release(live)
-                return PauseResult(row, "parked", "already off the pool", None, 0.0)
+                return PauseResult(row, Decision.PARKED, "already off the pool", None, 0.0)
             if row.state != State.ACTIVE:
                 raise InvalidStateError(f"cannot pause in state {row.state}", state=row.state)
             advice = self._advise(row, order)
             if not advice.park:
                 self.keep_locked(live, order.tool, advice.expected_s, advice.why)
                 self.registry.release(live)
-                return PauseResult(row, "kept", advice.why, advice.expected_s, 0.0)
+                return PauseResult(row, Decision.KEPT, advice.why, advice.expected_s, 0.0)
             dst, slots = self.mover.reserve(live.key, candidates, len(live.block_table))
             row.state = State.PAUSING
         except BaseException:
@@ -73,10 +73,10 @@ class Pausing(CoreBase):
 
         def job() -> PauseResult:
             ms = self.park_locked(live, dst, slots, order.tool, advice.expected_s, order.reason)
-            return PauseResult(row, "parked", advice.why, advice.expected_s, ms)
+            return PauseResult(row, Decision.PARKED, advice.why, advice.expected_s, ms)
 
         return self._run(
-            live, job, wait, PauseResult(row, "parked", advice.why, advice.expected_s, None)
+            live, job, wait, PauseResult(row, Decision.PARKED, advice.why, advice.expected_s, None)
         )
 
     def _advise(self, row: SessionRow, order: PauseOrder) -> PauseAdvice:

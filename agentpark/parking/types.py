@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agentpark.blocks import PoolGeometry
-from agentpark.enums import Reason, RestoredFrom, TierChoice
+from agentpark.enums import Decision, Reason, RestoredFrom, Tier, TierChoice
 from agentpark.errors import (
     PoolFullError,
     TransferError,
@@ -58,7 +58,7 @@ class KVHost(Protocol):
 
 @dataclass(frozen=True)
 class CoreOptions:
-    checksum_tiers: frozenset[str] = frozenset({"shm", "disk"})
+    checksum_tiers: frozenset[str] = frozenset({Tier.SHM, Tier.DISK})
     background_workers: int = 4
 
 
@@ -89,7 +89,7 @@ Advisor = Callable[[int, str | None, float | None], PauseAdvice]
 @dataclass(frozen=True)
 class PauseResult:
     row: SessionRow
-    decision: str  # parked | kept
+    decision: Decision
     why: str
     expected_s: float | None
     pause_ms: float | None  # None: still in flight (wait=False)

@@ -45,10 +45,6 @@ class ToolStats:
         with self._lock:
             return {tool: len(seen) for tool, seen in self._seen.items()}
 
-    def count(self, tool: str) -> int:
-        with self._lock:
-            return len(self._seen.get(tool, ()))
-
     def expected(self, tool: str | None, cfg: PolicySettings) -> tuple[float | None, str]:
         """The expected pause for ``tool`` and where the figure comes from."""
         if tool is None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from agentpark.enums import EventKind, State
 from agentpark.store.models import EventRow, SessionRow
 
 __all__ = ["SessionStore"]
@@ -51,7 +52,9 @@ class SessionStore:
     def live_rows(self) -> Sequence[SessionRow]:
         """Every session not deleted, oldest first: what the daemon re-attaches at start."""
         with self._factory() as db:
-            stmt = select(SessionRow).where(SessionRow.state != "deleted").order_by(SessionRow.seq)
+            stmt = (
+                select(SessionRow).where(SessionRow.state != State.DELETED).order_by(SessionRow.seq)
+            )
             return db.scalars(stmt).all()
 
     def page(
@@ -61,7 +64,7 @@ class SessionStore:
         with self._factory() as db:
             stmt = select(SessionRow).where(SessionRow.tenant == tenant, SessionRow.seq > after_seq)
             if state is None:
-                stmt = stmt.where(SessionRow.state != "deleted")
+                stmt = stmt.where(SessionRow.state != State.DELETED)
             else:
                 stmt = stmt.where(SessionRow.state == state)
             return db.scalars(stmt.order_by(SessionRow.seq).limit(limit)).all()
@@ -75,19 +78,22 @@ class SessionStore:
             return db.scalars(stmt.order_by(EventRow.id.desc()).limit(limit)).all()
 
     def tool_returns(self, per_tool: int) -> list[EventRow]:
-        """The newest ``per_tool`` tool_return events of each tool, oldest first."""
-        with self._factory() as db:
-            stmt = select(EventRow).where(EventRow.kind == "tool_return")
-            rows = db.scalars(stmt.order_by(EventRow.id.desc())).all()
-        kept: dict[str | None, int] = {}
-        out: list[EventRow] = []
-        for row in rows:
-            if kept.get(row.detail, 0) < per_tool:
-                kept[row.detail] = kept.get(row.detail, 0) + 1
-                out.append(row)
-        return out[::-1]
+        """The newest ``per_tool`` tool_return events of each tool, oldest first.
 
-    def count_by_state(self) -> dict[str, int]:
+        One query with a window function: at most ``per_tool`` rows per tool come back,
+        however many the table holds.
+        """
+        rank = (
+            func.row_number()
+            .over(partition_by=EventRow.detail, order_by=EventRow.id.desc())
+            .label("rank")
+        )
+        ranked = select(EventRow.id, rank).where(EventRow.kind == EventKind.TOOL_RETURN).subquery()
+        stmt = (
+            select(EventRow)
+            .join(ranked, EventRow.id == ranked.c.id)
+            .where(ranked.c.rank <= per_tool)
+            .order_by(EventRow.id)
+        )
         with self._factory() as db:
-            stmt = select(SessionRow.state, func.count()).group_by(SessionRow.state)
-            return {state: int(n) for state, n in db.execute(stmt).all()}
+            return list(db.scalars(stmt).all())

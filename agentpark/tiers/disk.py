@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentpark.blocks import PoolGeometry
+from agentpark.enums import Tier
 from agentpark.tiers.filetier import FileTier
 
 __all__ = ["DiskTier"]
@@ -18,5 +19,5 @@ class DiskTier(FileTier):
         self, path: Path, geometry: PoolGeometry, capacity_bytes: int, model_uid: str
     ) -> None:
         super().__init__(
-            "disk", path, geometry, capacity_bytes, model_uid, durable=True, populate=False
+            Tier.DISK, path, geometry, capacity_bytes, model_uid, durable=True, populate=False
         )

@@ -15,6 +15,7 @@ import mmap
 import numpy as np
 
 from agentpark.blocks import PoolGeometry
+from agentpark.enums import Tier
 from agentpark.tiers.base import SlotTier
 
 __all__ = ["DramTier"]
@@ -23,7 +24,7 @@ __all__ = ["DramTier"]
 class DramTier(SlotTier):
     """Process memory: fast, and gone when the daemon stops."""
 
-    name = "dram"
+    name: str = Tier.DRAM
 
     def __init__(self, geometry: PoolGeometry, capacity_bytes: int) -> None:
         super().__init__(geometry, capacity_bytes // geometry.block_nbytes)

@@ -85,7 +85,6 @@ class FileTier(SlotTier):
         self.model_uid = model_uid
         self.reattached = False
         self.attach_problem: str | None = None
-        self.moved_aside_to: Path | None = None
         self._offsets: list[int] = []
         offset = HEADER_BYTES
         for spec in geometry.arrays:
@@ -147,7 +146,6 @@ class FileTier(SlotTier):
             aside = self.path.with_name(f"{self.path.name}.mismatch-{time.time_ns()}")
             self.path.rename(aside)
             self.attach_problem = f"{self.path}: {problem}"
-            self.moved_aside_to = aside
             log.error(
                 "%s tier: refusing to attach %s: %s; moved it to %s and starting empty",
                 self.name,

@@ -10,6 +10,7 @@ import socket
 from pathlib import Path
 
 from agentpark.blocks import PoolGeometry
+from agentpark.enums import Tier
 from agentpark.tiers.filetier import FileTier
 
 __all__ = ["ShmTier", "default_shm_path"]
@@ -25,5 +26,5 @@ class ShmTier(FileTier):
         self, path: Path, geometry: PoolGeometry, capacity_bytes: int, model_uid: str
     ) -> None:
         super().__init__(
-            "shm", path, geometry, capacity_bytes, model_uid, durable=False, populate=True
+            Tier.SHM, path, geometry, capacity_bytes, model_uid, durable=False, populate=True
         )
