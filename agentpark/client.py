@@ -26,9 +26,8 @@ details from the error envelope), whichever version of the daemon it talks to. A
 argument left as ``None`` is not sent, and the daemon's default applies. A daemon that
 cannot be reached raises httpx's own ``httpx.TransportError``.
 
-Each route is described once, by a function in :mod:`agentpark.client_calls` that returns a
-``_Call`` (method,
-path, body, query, how to read the answer); both clients execute the same ``_Call``.
+Each route is described once, by a function in :mod:`agentpark.client_calls` that returns
+a ``_Call`` (method, path, body, query, how to read the answer); both clients execute it.
 """
 
 from __future__ import annotations
