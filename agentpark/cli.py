@@ -107,6 +107,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     resume.add_argument("--repeats", type=int, default=3, help="runs per context (median)")
     resume.set_defaults(run=_bench_resume)
+    control = add(
+        bench_sub,
+        "control",
+        help="get/list/pause/resume//v1/host latency p50/p99 with many sessions, over HTTP",
+    )
+    control.add_argument("--sessions", type=int, default=10_000, help="sessions to create")
+    control.add_argument("--samples", type=int, default=500, help="timed calls per operation")
+    control.add_argument("--seed", type=int, default=0, help="which sessions are sampled")
+    control.set_defaults(run=_bench_control)
     agents = add(
         bench_sub,
         "agents",
@@ -251,6 +260,12 @@ def _bench_resume(args: argparse.Namespace) -> int:
     except ValueError:
         raise SystemExit(f"agentpark: cannot read --contexts {args.contexts!r}") from None
     return run_resume_bench(contexts, repeats=args.repeats)
+
+
+def _bench_control(args: argparse.Namespace) -> int:
+    from agentpark.bench.control import run_control_bench
+
+    return run_control_bench(args.sessions, samples=args.samples, seed=args.seed)
 
 
 def _bench_agents(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import numpy as np
+from sqlalchemy.exc import IntegrityError
 
 from agentpark.blocks import PoolGeometry
 from agentpark.enums import EventKind, Reason, State
@@ -115,13 +116,12 @@ class CoreBase:
         return found or self.registry.require(key, self.store.get(tenant, session_id))
 
     def page(self, tenant: str, state: str | None, limit: int, after_seq: int) -> list[SessionRow]:
-        """A page from SQLite, with in-flight states (pausing, resuming) from memory."""
-        rows = self.store.page(tenant, state, limit, after_seq)
-        return [self._live_row(r) for r in rows]
-
-    def _live_row(self, row: SessionRow) -> SessionRow:
-        live = self.registry.find((row.tenant, row.session_id))
-        return live.row if live is not None else row
+        """A page in SQLite's order; live sessions as they are in memory (in-flight states
+        such as pausing included), the others (deleted) read from SQLite."""
+        ids = self.store.page_ids(tenant, state, limit, after_seq)
+        live = {seq: self.registry.find((tenant, sid)) for seq, sid in ids}
+        stored = self.store.rows_by_seq([seq for seq, found in live.items() if found is None])
+        return [found.row if found is not None else stored[seq] for seq, found in live.items()]
 
     def list_events(self, tenant: str, session_id: str | None, limit: int) -> Sequence[EventRow]:
         return self.store.events(tenant, session_id, limit)
@@ -148,7 +148,7 @@ class CoreBase:
             )
         now = time.time()
         with self.registry.adding() as sessions:
-            if (tenant, session_id) in sessions or self.store.get(tenant, session_id):
+            if (tenant, session_id) in sessions:
                 raise SessionExistsError(session_id)
             row = SessionRow(
                 session_id=session_id,
@@ -164,10 +164,12 @@ class CoreBase:
                 meta=metadata or {},
                 token_log=b"",
             )
-            self.events.insert(
-                row, self.events.event(row, EventKind.CREATE, now, to_state=State.ACTIVE)
-            )
-            sessions[(tenant, session_id)] = LiveSession(row, [], None)
+            event = self.events.event(row, EventKind.CREATE, now, to_state=State.ACTIVE)
+            try:
+                self.events.insert(row, event)
+            except IntegrityError:  # a deleted session's row keeps its id
+                raise SessionExistsError(session_id) from None
+            self.registry.add(LiveSession(row, [], None))
         return row
 
     def delete(self, tenant: str, session_id: str) -> None:
@@ -231,12 +233,8 @@ class CoreBase:
     def snapshot(self, *, ready: bool, listen: str) -> HostSnapshot:
         """Pool, tier and session totals (``GET /v1/host`` and everything that shows it)."""
         block = self.geometry.block_nbytes
-        sessions = {s.value: 0 for s in State if s is not State.DELETED}
-        reclaimed = 0
-        for row in self.live_sessions():
-            sessions[row.state] = sessions.get(row.state, 0) + 1
-            if row.state == State.PARKED:
-                reclaimed += row.kv_bytes
+        by_state, reclaimed = self.registry.tally.figures()
+        sessions = {s.value: by_state.get(s.value, 0) for s in State if s is not State.DELETED}
         tiers = {
             name: TierFigures(
                 persistent=tier.persistent,
@@ -340,3 +338,10 @@ class CoreBase:
                 assert not live.slots, f"{live.key}: slots held while {live.row.state}"
         for name, tier in self.tiers.items():
             assert tier.used_blocks == parked[name], f"{name}: slots used by no session"
+        rows = self.live_sessions()
+        by_state, parked_bytes = self.registry.tally.figures()
+        for state in State:
+            if state is not State.DELETED:
+                counted = sum(1 for r in rows if r.state == state)
+                assert by_state.get(state, 0) == counted, f"tally of {state} is off"
+        assert parked_bytes == sum(r.kv_bytes for r in rows if r.state == State.PARKED)

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
+from sqlalchemy import event
 
 from agentpark.enums import State
 from agentpark.errors import InvalidStateError, SessionBusyError, SessionNotFoundError
@@ -46,12 +47,68 @@ class LiveSession:
         return self.lock.locked()
 
 
+class StateTally:
+    """Live sessions by state and the KV bytes of the parked ones, kept as they change.
+
+    ``GET /v1/host`` reads these in O(1) instead of walking every session: SQLAlchemy's
+    attribute events on ``SessionRow.state`` and ``SessionRow.kv_bytes`` report each
+    assignment to a row that a registry holds (the row carries its tally).
+    """
+
+    def __init__(self) -> None:
+        self.by_state: dict[str, int] = {s.value: 0 for s in State}
+        self.parked_bytes = 0
+        self._lock = threading.Lock()
+
+    def counted(self, row: SessionRow, sign: int) -> None:
+        with self._lock:
+            self.by_state[row.state] = self.by_state.get(row.state, 0) + sign
+            if row.state == State.PARKED:
+                self.parked_bytes += sign * row.kv_bytes
+
+    def state_set(self, row: SessionRow, new: str, old: str) -> None:
+        with self._lock:
+            self.by_state[old] = self.by_state.get(old, 0) - 1
+            self.by_state[new] = self.by_state.get(new, 0) + 1
+            if old == State.PARKED:
+                self.parked_bytes -= row.kv_bytes
+            if new == State.PARKED:
+                self.parked_bytes += row.kv_bytes
+
+    def bytes_set(self, row: SessionRow, new: int, old: int) -> None:
+        if row.state == State.PARKED:
+            with self._lock:
+                self.parked_bytes += new - old
+
+    def figures(self) -> tuple[dict[str, int], int]:
+        with self._lock:
+            return dict(self.by_state), self.parked_bytes
+
+
+_TALLY = "_agentpark_tally"  # the StateTally of the registry holding a row
+
+
+@event.listens_for(SessionRow.state, "set", active_history=True)
+def _on_state(row: SessionRow, new: str, old: object, _initiator: object) -> None:
+    tally: StateTally | None = getattr(row, _TALLY, None)
+    if tally is not None and isinstance(old, str) and new != old:
+        tally.state_set(row, new, old)
+
+
+@event.listens_for(SessionRow.kv_bytes, "set", active_history=True)
+def _on_kv_bytes(row: SessionRow, new: int, old: object, _initiator: object) -> None:
+    tally: StateTally | None = getattr(row, _TALLY, None)
+    if tally is not None and isinstance(old, int) and new != old:
+        tally.bytes_set(row, new, old)
+
+
 class Registry:
-    """Live (not deleted) sessions by key; thread-safe."""
+    """Live (not deleted) sessions by key, and their tally by state; thread-safe."""
 
     def __init__(self) -> None:
         self._sessions: dict[SessionKey, LiveSession] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self.tally = StateTally()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -61,11 +118,17 @@ class Registry:
 
     def add(self, live: LiveSession) -> None:
         with self._lock:
+            self.remove(live)
             self._sessions[live.key] = live
+            setattr(live.row, _TALLY, self.tally)
+            self.tally.counted(live.row, +1)
 
     def remove(self, live: LiveSession) -> None:
         with self._lock:
-            self._sessions.pop(live.key, None)
+            held = self._sessions.pop(live.key, None)
+            if held is not None:
+                self.tally.counted(held.row, -1)
+                setattr(held.row, _TALLY, None)
 
     @contextmanager
     def adding(self) -> Iterator[dict[SessionKey, LiveSession]]:

@@ -33,6 +33,7 @@ class SessionRow(Base):
     __table_args__ = (
         UniqueConstraint("tenant", "session_id", name="uq_sessions_tenant_session_id"),
         Index("ix_sessions_tenant_state", "tenant", "state"),
+        Index("ix_sessions_tenant_seq", "tenant", "seq"),
     )
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -67,7 +68,10 @@ class EventRow(Base):
     """One state transition, with what it cost."""
 
     __tablename__ = "events"
-    __table_args__ = (Index("ix_events_tenant_session", "tenant", "session_id", "id"),)
+    __table_args__ = (
+        Index("ix_events_tenant_session", "tenant", "session_id", "id"),
+        Index("ix_events_tenant_id", "tenant", "id"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     session_seq: Mapped[int] = mapped_column(ForeignKey("sessions.seq", ondelete="CASCADE"))

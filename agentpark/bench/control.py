@@ -1,0 +1,208 @@
+"""``agentpark bench control``: the control plane's latency with many sessions.
+
+A real daemon (``agentpark serve`` in a child process, its own SQLite file and a dram
+tier; shm and disk off, so nothing is left in /dev/shm) gets ``--sessions`` sessions
+created over HTTP, one at a time. Then, with all of them live, it times over HTTP (one
+request at a time, a keep-alive connection, the same client an orchestrator uses):
+
+- ``get`` of a random session, ``list`` of a page of 100 at a random cursor, ``/v1/host``;
+- ``pause`` (forced, into dram) and ``resume`` of one-block sessions (a short prompt and one
+  generated token: one KV block each), copy included.
+
+Each operation prints its p50 and p99 and the target it is held to (at 10,000 sessions:
+get p99 < 2 ms, pause and resume p99 < 5 ms, create p50 < 2 ms). The times include the
+client's own work and loopback HTTP: what an orchestrator on the host sees. The daemon's
+resident memory is read from /proc after the sessions are made.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from agentpark.bench.common import progress_bar, stdout_console
+from agentpark.client import AgentparkClient
+
+__all__ = ["ControlResult", "run_control_bench"]
+
+TARGETS_MS = {"create": ("p50", 2.0), "get": ("p99", 2.0), "pause": ("p99", 5.0)}
+TARGETS_MS["resume"] = ("p99", 5.0)
+
+
+@dataclass
+class ControlResult:
+    sessions: int
+    samples: int
+    times_ms: dict[str, list[float]] = field(default_factory=dict)
+    rss_bytes: int | None = None
+
+    def add(self, op: str, seconds: float) -> None:
+        self.times_ms.setdefault(op, []).append(seconds * 1e3)
+
+    def quantile(self, op: str, q: float) -> float:
+        values = sorted(self.times_ms[op])
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+
+class _Daemon:
+    """``agentpark serve`` as a child process on a free loopback port."""
+
+    def __init__(self, state_dir: Path, blocks: int) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        config = state_dir / "bench.toml"
+        config.write_text(
+            f'state_dir = "{state_dir}"\n'
+            f"[pool]\nblock_size = 16\nnum_blocks = {blocks}\n"
+            "[tiers.shm]\ncapacity = 0\n[tiers.disk]\ncapacity = 0\n"
+            "[policy]\nidle_pause_after_s = 0\n"
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPARK_")}
+        cmd = [sys.executable, "-m", "agentpark", "serve", "--config", str(config)]
+        self.proc = subprocess.Popen(
+            [*cmd, "--port", str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.url = f"http://127.0.0.1:{port}"
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        with AgentparkClient(self.url, timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the daemon exited with {self.proc.returncode}")
+                try:
+                    if client.readyz():
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)  # a bench waiting for a child process, not a test
+        raise RuntimeError(f"the daemon was not ready within {timeout_s:g}s")
+
+    def rss_bytes(self) -> int | None:
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+        return None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run_control_bench(sessions: int, samples: int = 500, seed: int = 0) -> int:
+    """Run the bench and print its table; 1 if an operation failed."""
+    if sessions < 1 or samples < 1:
+        raise SystemExit("agentpark bench control: --sessions and --samples must be >= 1")
+    samples = min(samples, sessions)
+    state_dir = Path(tempfile.mkdtemp(prefix="agentpark-bench-control-"))
+    daemon = _Daemon(state_dir, blocks=samples + 64)
+    try:
+        daemon.wait_ready()
+        result = _measure(daemon, sessions, samples, random.Random(seed))
+    finally:
+        daemon.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)
+    _print(result)
+    return 0
+
+
+def _measure(daemon: _Daemon, sessions: int, samples: int, rng: random.Random) -> ControlResult:
+    result = ControlResult(sessions, samples)
+    ids = [f"s{i:06d}" for i in range(sessions)]
+    one_block = rng.sample(ids, samples)
+    bar = progress_bar(Console(stderr=True))
+    with AgentparkClient(daemon.url, timeout=60.0) as client, bar:
+
+        def phase(name: str, n: int, step: Callable[[int], object], op: str | None) -> None:
+            task = bar.add_task(name, total=n)
+            for i in range(n):
+                started = time.perf_counter()
+                step(i)
+                if op is not None:
+                    result.add(op, time.perf_counter() - started)
+                bar.advance(task)
+
+        phase("create", sessions, lambda i: client.create_session(ids[i]), "create")
+        result.rss_bytes = daemon.rss_bytes()
+        phase(
+            "one block each",
+            samples,
+            lambda i: client.generate(one_block[i], prompt_tokens=[1, 2, 3], max_new_tokens=1),
+            None,
+        )
+        phase("get", samples, lambda _i: client.get_session(rng.choice(ids)), "get")
+        pages = max(1, sessions // 100)
+        phase(
+            "list",
+            samples,
+            lambda _i: client.list_sessions(limit=100, cursor=str(rng.randrange(pages) * 100)),
+            "list",
+        )
+        phase("host", samples, lambda _i: client.host(), "host")
+        phase(
+            "pause",
+            samples,
+            lambda i: client.pause(one_block[i], tier="dram", force=True),
+            "pause",
+        )
+        phase("resume", samples, lambda i: client.resume(one_block[i]), "resume")
+    return result
+
+
+def _print(result: ControlResult) -> None:
+    out = stdout_console()
+    table = Table(
+        title=f"agentpark bench control: {result.sessions} sessions, sequential HTTP "
+        f"({result.samples} samples per operation)"
+    )
+    for column in ("operation", "n", "p50 ms", "p99 ms", "max ms", "target", "met"):
+        table.add_column(column, justify="left" if column == "operation" else "right")
+    for op in ("create", "get", "list", "host", "pause", "resume"):
+        values = result.times_ms[op]
+        p50, p99 = result.quantile(op, 0.5), result.quantile(op, 0.99)
+        target = TARGETS_MS.get(op)
+        if target is None:
+            goal, met = "", ""
+        else:
+            which, limit = target
+            goal = f"{which} < {limit:g} ms"
+            met = "yes" if (p50 if which == "p50" else p99) < limit else "NO"
+        table.add_row(
+            op, str(len(values)), f"{p50:.2f}", f"{p99:.2f}", f"{max(values):.2f}", goal, met
+        )
+    out.print(table)
+    rss = result.rss_bytes
+    out.print(
+        f"daemon RSS after creating the sessions: {rss / 2**20:.0f} MiB"
+        if rss is not None
+        else "daemon RSS: unknown (no /proc)"
+    )
+    out.print(
+        "times: client-side, one request at a time over a keep-alive loopback connection; "
+        f"median of create {statistics.median(result.times_ms['create']):.2f} ms"
+    )
