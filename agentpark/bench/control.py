@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentpark.bench.common import progress_bar, stdout_console
-from agentpark.client import AgentparkClient
+from agentpark.client import AgentparkAPIError, AgentparkClient
 
 __all__ = ["ControlResult", "run_control_bench"]
 
@@ -124,6 +124,9 @@ def run_control_bench(sessions: int, samples: int = 500, seed: int = 0) -> int:
     try:
         daemon.wait_ready()
         result = _measure(daemon, sessions, samples, random.Random(seed))
+    except (RuntimeError, AgentparkAPIError) as exc:
+        Console(stderr=True).print(f"agentpark bench control: {exc}")
+        return 1
     finally:
         daemon.stop()
         shutil.rmtree(state_dir, ignore_errors=True)
@@ -164,14 +167,21 @@ def _measure(daemon: _Daemon, sessions: int, samples: int, rng: random.Random) -
             "list",
         )
         phase("host", samples, lambda _i: client.host(), "host")
-        phase(
-            "pause",
-            samples,
-            lambda i: client.pause(one_block[i], tier="dram", force=True),
-            "pause",
-        )
-        phase("resume", samples, lambda i: client.resume(one_block[i]), "resume")
+        phase("pause", samples, lambda i: _park(client, one_block[i]), "pause")
+        phase("resume", samples, lambda i: _restore(client, one_block[i]), "resume")
     return result
+
+
+def _park(client: AgentparkClient, session_id: str) -> None:
+    paused = client.pause(session_id, tier="dram", force=True)
+    if paused.state != "parked" or paused.kv_bytes <= 0:
+        raise RuntimeError(f"pause of {session_id} left it {paused.state} ({paused.kv_bytes} B)")
+
+
+def _restore(client: AgentparkClient, session_id: str) -> None:
+    resumed = client.resume(session_id)
+    if resumed.restored_from != "dram":
+        raise RuntimeError(f"resume of {session_id} came from {resumed.restored_from}")
 
 
 def _print(result: ControlResult) -> None:

@@ -44,3 +44,14 @@ def test_bench_resume_from_the_command_line(
 def test_bench_resume_rejects_unreadable_contexts() -> None:
     with pytest.raises(SystemExit, match="cannot read --contexts"):
         main(["bench", "resume", "--contexts", "4k"])
+
+
+def test_bench_control_times_every_operation_against_a_real_daemon(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "control", "--sessions", "40", "--samples", "8"]) == 0
+    out = capsys.readouterr().out
+    for row in ("create", "get", "list", "host", "pause", "resume"):
+        assert f"│ {row} " in out, row
+    assert "40 sessions" in out and "daemon RSS after creating the sessions" in out
+    assert "p99 < 5 ms" in out and "p50 < 2 ms" in out
