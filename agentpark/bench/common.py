@@ -7,10 +7,11 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from agentpark.engine.base import EngineAdapter
 from agentpark.enums import State
@@ -21,6 +22,7 @@ __all__ = [
     "MEMORY_FILESYSTEMS",
     "GiB",
     "KiB",
+    "LineProgress",
     "MiB",
     "filesystem_of",
     "first_mismatch",
@@ -76,8 +78,55 @@ def stdout_console(min_width: int = 140) -> Console:
     return console if console.is_terminal else Console(width=max(console.width, min_width))
 
 
-def progress_bar(console: Console) -> Progress:
-    """The benches' progress bar (transient, on ``console``: stderr by default)."""
+class LineProgress:
+    """Progress where a live bar cannot draw (a pipe, a CI log): one line when a phase
+    starts and at every tenth of it, so a long bench is never silent."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._tasks: dict[TaskID, list[Any]] = {}  # id -> [description, total, done, tenths]
+        self._started = time.monotonic()
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None) -> TaskID:
+        task = TaskID(len(self._tasks))
+        self._tasks[task] = [description, total or 0, 0, 0]
+        self._say(task)
+        return task
+
+    def advance(self, task: TaskID, advance: float = 1) -> None:
+        self.update(task, advance=advance)
+
+    def update(self, task: TaskID, *, advance: float = 0, description: str | None = None) -> None:
+        entry = self._tasks[task]
+        entry[2] += advance
+        if description is not None and description != entry[0]:
+            entry[0] = description
+            self._say(task)
+            return
+        tenths = int(10 * entry[2] / entry[1]) if entry[1] else 0
+        if tenths > entry[3]:
+            entry[3] = tenths
+            self._say(task)
+
+    def _say(self, task: TaskID) -> None:
+        description, total, done, _ = self._tasks[task]
+        elapsed = time.monotonic() - self._started
+        self.console.print(
+            f"[{elapsed:7.1f}s] {description}: {done:g}/{total:g}", highlight=False, markup=False
+        )
+
+
+def progress_bar(console: Console) -> Progress | LineProgress:
+    """The benches' progress (on ``console``: stderr by default): a transient bar on a
+    terminal, progress lines elsewhere."""
+    if not console.is_terminal:
+        return LineProgress(console)
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
