@@ -93,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     transfer.add_argument("--repeats", type=int, default=5, help="runs per size (median)")
     transfer.add_argument(
+        "--backend",
+        choices=("host_copy", "tpu_sync"),
+        default="host_copy",
+        help="DMA backend: tpu_sync runs TPU Sync's KVCacheManager (agentpark[tpu]; on "
+        "JAX's CPU platform too), dram tier only",
+    )
+    transfer.add_argument(
         "--dir",
         type=Path,
         help="where the tier's temporary directory goes (disk: default the current "
@@ -249,7 +256,9 @@ def _bench_transfer(args: argparse.Namespace) -> int:
     from agentpark.bench.transfer import run_transfer_bench
 
     sizes = [_parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    return run_transfer_bench(sizes, repeats=args.repeats, tier=args.tier, directory=args.dir)
+    return run_transfer_bench(
+        sizes, repeats=args.repeats, tier=args.tier, directory=args.dir, backend=args.backend
+    )
 
 
 def _bench_resume(args: argparse.Namespace) -> int:

@@ -147,10 +147,19 @@ class DmaSettings(_Section):
     """How blocks move between the pool and host tiers (agentpark.dma.select_transfer).
 
     ``auto``: host_copy on JAX's CPU platform, jax_memkind on a GPU or TPU. ``tpu_sync`` needs
-    the ``agentpark[tpu]`` extra (Python >= 3.12) on a TPU host.
+    the ``agentpark[tpu]`` extra (Python >= 3.12) on a TPU host, or ``tpu_sync_on_cpu``.
     """
 
     backend: Literal["auto", "host_copy", "jax_memkind", "tpu_sync"] = "auto"
+    tpu_sync_on_cpu: bool = Field(
+        False,
+        description="allow tpu_sync on JAX's CPU platform (its wheel runs there; tests, bench)",
+    )
+    tpu_sync_shm: bool = Field(
+        False,
+        description="tpu_sync: keep TPU Sync's host blocks in its /dev/shm segments (0600, "
+        "layout-checked) so parked sessions survive a kill -9",
+    )
 
 
 class LimitSettings(_Section):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agentpark.blocks import PoolGeometry
 from agentpark.config import PolicySettings, Settings, load_settings
-from agentpark.dma import select_transfer
+from agentpark.dma import TpuSyncShm, TpuSyncTransfer, Transfer, select_transfer
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.enums import Tier
 from agentpark.errors import ConfigError, InvalidRequestError
@@ -56,12 +56,13 @@ class Runtime:
         engine = ReferenceEngine(
             ModelSpec(**settings.model.model_dump()), PoolSpec(**settings.pool.model_dump())
         )
+        tiers: list[HostTier]
+        transfer: Transfer
         if settings.dma.backend == "tpu_sync":
             # TPU Sync keeps parked bytes in its own host memory, in the TPU's tiled layout:
-            # one bookkeeping-only tier, and nothing agentpark could copy to shm or disk.
-            capacity = int(settings.tiers.dram.capacity) // engine.geometry.block_nbytes
-            tiers: list[HostTier] = [BackendHeldTier(Tier.DRAM, engine.geometry, capacity)]
-            transfer = select_transfer("tpu_sync", engine=engine, host_blocks=capacity)
+            # one bookkeeping-only tier, and nothing agentpark could copy to shm or disk. With
+            # dma.tpu_sync_shm that memory is TPU Sync's /dev/shm segments: the tier persists.
+            tiers, transfer = _tpu_sync_parts(settings, engine)
         else:
             transfer = select_transfer(settings.dma.backend)
             tiers = build_tiers(settings, engine.geometry, engine.model_uid)
@@ -177,3 +178,31 @@ def build_tiers(settings: Settings, geometry: PoolGeometry, model_uid: str) -> l
         path = cfg.disk.path or settings.state_dir / "disk-tier.bin"
         tiers.append(DiskTier(path, geometry, int(cfg.disk.capacity), model_uid))
     return tiers
+
+
+def _tpu_sync_parts(
+    settings: Settings, engine: ReferenceEngine
+) -> tuple[list[HostTier], TpuSyncTransfer]:
+    """The one tier TPU Sync holds the bytes of, and the started transfer over it."""
+    dma = settings.dma
+    checked = set(settings.integrity.tiers) if settings.integrity.checksum != "none" else set()
+    if Tier.DRAM in checked:
+        raise ConfigError(
+            "integrity.tiers includes 'dram', but with dma.backend = 'tpu_sync' the dram "
+            "tier's bytes live in TPU Sync's host memory, which agentpark cannot read to "
+            "checksum: drop 'dram' from integrity.tiers"
+        )
+    capacity = int(settings.tiers.dram.capacity) // engine.geometry.block_nbytes
+    shm = TpuSyncShm(settings.state_dir) if dma.tpu_sync_shm else None
+    tier = BackendHeldTier(Tier.DRAM, engine.geometry, capacity, persistent=shm is not None)
+    transfer = select_transfer(
+        "tpu_sync",
+        engine=engine,
+        host_blocks=capacity,
+        tpu_sync_on_cpu=dma.tpu_sync_on_cpu,
+        tpu_sync_shm=shm,
+    )
+    assert isinstance(transfer, TpuSyncTransfer)
+    if shm is not None:
+        tier.reattached, tier.attach_problem = shm.reattached, shm.attach_problem
+    return [tier], transfer

@@ -174,6 +174,8 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         "pool.num_blocks": "128",
         "tiers.dram.capacity": "1GiB",
         "dma.backend": "host_copy",
+        "dma.tpu_sync_on_cpu": "true",
+        "dma.tpu_sync_shm": "true",
         "limits.max_new_tokens": "64",
         "dashboard.host_label": "gpu-7",
         "dashboard.sample_interval_s": "5",

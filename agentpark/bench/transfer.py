@@ -20,6 +20,12 @@ the session is then handed those blocks (see :meth:`InProcessDriver.adopt_kv`). 
 size, before and after the timed repeats, the pool rows after a resume are compared with
 the parked bytes; any difference makes the bench exit 1.
 
+``backend="tpu_sync"`` (``--backend tpu_sync``, dram tier only) runs the same sizes through
+TPU Sync's KVCacheManager (the real wheel; on JAX's CPU platform it is allowed for the bench
+as if ``dma.tpu_sync_on_cpu`` were set) into a slot-only tier whose bytes TPU Sync holds; its
+ratios are to the same np.copyto reference. No checksum row there: agentpark cannot read
+TPU Sync's host blocks. The synthetic KV is written with host_copy (CPU) or jax_memkind.
+
 The shm and disk tier files live in a temporary directory (under /dev/shm, and under the
 current directory or ``directory``) that is removed at the end, also on error.
 """
@@ -61,7 +67,10 @@ from agentpark.bench.common import (
     stdout_console,
     timed,
 )
+from agentpark.dma import Transfer, select_transfer
 from agentpark.dma.host_copy import HostCopyTransfer
+from agentpark.dma.jax_memkind import JaxMemkindTransfer
+from agentpark.dma.tpu_sync import tpu_sync_version
 from agentpark.engine.base import EngineAdapter
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.integrity import checksum
@@ -69,12 +78,13 @@ from agentpark.parking import CoreOptions, InProcessDriver, SessionCore, in_proc
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
-from agentpark.tiers.base import HostTier
+from agentpark.tiers.base import BackendHeldTier, HostTier
 from agentpark.tiers.disk import DiskTier
 from agentpark.tiers.dram import DramTier
 from agentpark.tiers.shm import ShmTier
 
 __all__ = [
+    "BACKENDS",
     "SHM_ROOT",
     "TIERS",
     "PlainFile",
@@ -84,6 +94,7 @@ __all__ = [
 ]
 
 TIERS = ("dram", "shm", "disk")
+BACKENDS = ("host_copy", "tpu_sync")
 SHM_ROOT = Path("/dev/shm")
 TARGET_RATIO = 0.85
 """dram and shm: pause and restore should reach this fraction of np.copyto from TARGET_FROM."""
@@ -247,9 +258,10 @@ class _Stack:
 
     store: SessionStore
     engine: ReferenceEngine
-    transfer: HostCopyTransfer
+    transfer: Transfer
     tier: HostTier
     driver: InProcessDriver
+    filler: Transfer  # writes the synthetic KV into the pool from a scratch dram tier
 
     @property
     def parking(self) -> SessionCore:
@@ -263,6 +275,7 @@ class _Stack:
         tier_dir: Path | None,
         largest: int,
         block_tokens: int,
+        backend: str = "host_copy",
     ) -> _Stack:
         url = f"sqlite:///{state_dir / 'agentpark.db'}"
         upgrade(url)
@@ -278,10 +291,23 @@ class _Stack:
             pool = PoolSpec(block_size=block_tokens, num_blocks=num_blocks)
             engine = ReferenceEngine(model, pool)
             assert engine.geometry.block_nbytes == block_nbytes
-            tier = _make_tier(tier_name, tier_dir, engine, largest)
-            transfer = HostCopyTransfer()
-            # Compile the restore scatter for every window size before anything is timed.
-            transfer.warmup(engine, tier)
+            on_cpu = jax.default_backend() == "cpu"
+            filler: Transfer = HostCopyTransfer() if on_cpu else JaxMemkindTransfer()
+            transfer: Transfer
+            if backend == "tpu_sync":
+                tier = BackendHeldTier("dram", engine.geometry, largest // block_nbytes)
+                transfer = select_transfer(
+                    "tpu_sync",
+                    engine=engine,
+                    host_blocks=tier.capacity_blocks,
+                    tpu_sync_on_cpu=True,
+                )
+            else:
+                tier = _make_tier(tier_name, tier_dir, engine, largest)
+                copier = HostCopyTransfer()
+                # Compile the restore scatter for every window size before anything is timed.
+                copier.warmup(engine, tier)
+                transfer = filler = copier
             # Checksums off: the rows measure the copy; checksum() is timed on its own.
             options = CoreOptions(checksum_tiers=frozenset())
             driver = in_process_core(
@@ -292,7 +318,7 @@ class _Stack:
                 tier.close()
             store.close()
             raise
-        return cls(store, engine, transfer, tier, driver)
+        return cls(store, engine, transfer, tier, driver, filler)
 
     def close(self) -> None:
         self.parking.close()
@@ -317,6 +343,7 @@ def run_transfer_bench(
     directory: Path | None = None,
     console: Console | None = None,
     progress_console: Console | None = None,
+    backend: str = "host_copy",
 ) -> int:
     """Measure, print the tables (to ``console``, stdout by default); 1 if a restore differs.
 
@@ -330,6 +357,10 @@ def run_transfer_bench(
     out = console if console is not None else stdout_console(200 if tier == "disk" else 150)
     err = progress_console if progress_console is not None else Console(stderr=True)
     problem = _argument_problem(sizes, repeats, tier, directory)
+    if problem is None and backend not in BACKENDS:
+        problem = f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+    if problem is None and backend == "tpu_sync" and tier != "dram":
+        problem = "--backend tpu_sync parks into TPU Sync's host memory: --tier dram only"
     if problem is not None:
         err.print(f"agentpark: {problem}", soft_wrap=True, highlight=False)
         return 2
@@ -343,11 +374,12 @@ def run_transfer_bench(
             tier_dir = Path(tempfile.mkdtemp(prefix="agentpark-bench-", dir=parent))
             # Registered first, so it runs last: after the tier's file is closed.
             cleanup.callback(shutil.rmtree, tier_dir, ignore_errors=True)
-        stack = _Stack.build(state_dir, tier, tier_dir, max(sizes), block_tokens)
+        stack = _Stack.build(state_dir, tier, tier_dir, max(sizes), block_tokens, backend)
         cleanup.callback(stack.close)
         with progress_bar(err) as progress:
             task = progress.add_task(
-                f"transfer bench ({tier})", total=len(sizes) * (2 + 2 * repeats)
+                f"transfer bench ({tier}, {stack.transfer.name})",
+                total=len(sizes) * (2 + 2 * repeats),
             )
             for i, size in enumerate(sizes):
 
@@ -357,8 +389,9 @@ def run_transfer_bench(
                 results.append(_bench_size(stack, size, repeats, SEED + i, step, tier_dir))
                 gc.collect()
         notes = _notes(stack, tier, tier_dir, repeats)
-    out.print(_table(tier, results))
-    out.print(_checksum_table(results))
+    out.print(_table(tier, results, stack.transfer.name))
+    if any(r.checksum_s for r in results):
+        out.print(_checksum_table(results))
     for note in notes:
         out.print(note, soft_wrap=True, highlight=False)
     failed = [r for r in results if not r.exact]
@@ -426,6 +459,7 @@ def _bench_size(
     tier_dir: Path | None,
 ) -> SizeResult:
     parking, engine, tier = stack.parking, stack.engine, stack.tier
+    bytes_readable = not isinstance(tier, BackendHeldTier)
     result = SizeResult(size, tier.name)
     session_id = f"kv-{size}"
     num_blocks = size // engine.geometry.block_nbytes
@@ -463,7 +497,9 @@ def _bench_size(
             if plain is not None:
                 result.file_write_s.append(timed(plain.write, src))
             result.pause_s.append(timed(park, parking, session_id, tier.name))
-            result.checksum_s.append(timed(checksum, tier, _parked_slots(parking, session_id)))
+            if bytes_readable:
+                slots = _parked_slots(parking, session_id)
+                result.checksum_s.append(timed(checksum, tier, slots))
             step("pause")
             result.copy_before_restore_s.append(timed(np.copyto, src, dst))
             if plain is not None:
@@ -509,7 +545,7 @@ def _fill_blocks(stack: _Stack, blocks: list[int], rng: np.random.Generator) -> 
         flat = buf.reshape(len(blocks), -1).view(np.uint8)
         for row in flat:  # a block at a time keeps the temporaries small
             row[:] = np.frombuffer(rng.bytes(row.size), dtype=np.uint8)
-    stack.transfer.h2d(scratch, slots, engine, blocks)
+    stack.filler.h2d(scratch, slots, engine, blocks)
     return buffers
 
 
@@ -531,9 +567,10 @@ def _ratio_cell(ratios: Sequence[float], target: float | None) -> str:
     return f"[{style}]{ratio:.2f}[/{style}] ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
-def _table(tier: str, results: Sequence[SizeResult]) -> Table:
+def _table(tier: str, results: Sequence[SizeResult], backend: str = "host_copy") -> Table:
     disk = tier == "disk"
-    title = f"agentpark bench transfer --tier {tier}: SessionCore.pause/resume vs np.copyto"
+    flags = f"--tier {tier}" + (f" --backend {backend}" if backend != "host_copy" else "")
+    title = f"agentpark bench transfer {flags}: SessionCore.pause/resume vs np.copyto"
     table = Table(title=title + (" and a plain file write/read" if disk else ""))
     names = ["KV/session", "pause GB/s", "restore GB/s", "copyto GB/s", "pause ratio"]
     names.append("restore ratio")
@@ -593,11 +630,26 @@ def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> lis
         f"({geometry.block_size} tokens), {tier} tier {human(tier_bytes)}, "
         f"dma {stack.transfer.name}, jax {jax.__version__} ({jax.default_backend()}), "
         f"numpy {np.__version__}.",
-        "checksum: integrity.checksum (xxh3-64, one core) over the parked copy, timed in each "
-        "repeat while the session is parked; with integrity.checksum on for this tier a pause "
-        "pays it once after the copy and a resume once before it (verify), i.e. '+ on "
-        "pause' / '+ on restore' of the checksum-off times above.",
     ]
+    if stack.transfer.name != "tpu_sync":
+        notes.append(
+            "checksum: integrity.checksum (xxh3-64, one core) over the parked copy, timed in each "
+            "repeat while the session is parked; with integrity.checksum on for this tier a pause "
+            "pays it once after the copy and a resume once before it (verify), i.e. '+ on "
+            "pause' / '+ on restore' of the checksum-off times above."
+        )
+    else:
+        notes.append(
+            f"tpu_sync: TPU Sync's real KVCacheManager (tpu-sync-jax {tpu_sync_version()}) "
+            f"on JAX's {jax.default_backend()!r} platform"
+            + (
+                " (allowed for the bench as dma.tpu_sync_on_cpu): it copies between host "
+                "buffers here, so these figures say nothing about a TPU's DMA engine; no "
+                "checksum row, agentpark cannot read TPU Sync's host blocks."
+                if jax.default_backend() == "cpu"
+                else "; no checksum row, agentpark cannot read TPU Sync's host blocks."
+            )
+        )
     if tier_dir is not None:
         mount = filesystem_of(tier_dir)
         where = f"{mount[1]} on {mount[0]}" if mount else "unknown filesystem"

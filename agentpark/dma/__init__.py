@@ -5,7 +5,8 @@ backend        how                                                 where
 =============  ==================================================  =========================
 host_copy      memcpy-class gather/scatter on host memory          CPU platform (auto there)
 jax_memkind    ``jax.device_put`` device <-> pinned_host           GPU/TPU (auto there); CPU
-tpu_sync       Google's TPU Sync KVCacheManager d2h/h2d            TPU, ``agentpark[tpu]``
+tpu_sync       Google's TPU Sync KVCacheManager d2h/h2d            TPU, ``agentpark[tpu]``;
+                                                                   CPU only when opted in
 =============  ==================================================  =========================
 
 :func:`select_transfer` turns the ``dma.backend`` setting into a backend at start and refuses,
@@ -26,7 +27,7 @@ import jax
 from agentpark.dma.base import Transfer
 from agentpark.dma.host_copy import HostCopyTransfer
 from agentpark.dma.jax_memkind import JaxMemkindTransfer
-from agentpark.dma.tpu_sync import INSTALL_HINT, SHM_ENV, TpuSyncTransfer
+from agentpark.dma.tpu_sync import INSTALL_HINT, SHM_ENV, TpuSyncShm, TpuSyncTransfer
 from agentpark.engine.base import EngineAdapter
 from agentpark.errors import ConfigError, TransferError
 
@@ -34,6 +35,7 @@ __all__ = [
     "BACKENDS",
     "HostCopyTransfer",
     "JaxMemkindTransfer",
+    "TpuSyncShm",
     "TpuSyncTransfer",
     "Transfer",
     "bytes_in_tier",
@@ -60,13 +62,18 @@ def select_transfer(
     *,
     engine: EngineAdapter | None = None,
     host_blocks: int | None = None,
+    tpu_sync_on_cpu: bool = False,
+    tpu_sync_shm: TpuSyncShm | None = None,
 ) -> Transfer:
     """The backend ``dma.backend`` names, checked against this platform and installation.
 
     ``auto`` picks host_copy on the CPU platform (the pool lives in host memory) and
     jax_memkind on a GPU or TPU. ``tpu_sync`` also needs ``engine`` and ``host_blocks`` (the
     capacity in blocks of the one tier whose bytes TPU Sync will hold); its KVCacheManager is
-    built here, so a TPU Sync that cannot start stops the daemon at start.
+    built here, so a TPU Sync that cannot start stops the daemon at start. TPU Sync's wheel
+    also runs on JAX's CPU platform; ``tpu_sync_on_cpu`` (``dma.tpu_sync_on_cpu``) allows that,
+    for tests and the bench: it moves bytes, but says nothing about a TPU's DMA engine.
+    ``tpu_sync_shm`` turns on TPU Sync's own /dev/shm warm boot, checked by agentpark.
     """
     platform = jax.default_backend()
     if backend == "auto":
@@ -92,12 +99,12 @@ def select_transfer(
             )
         return JaxMemkindTransfer()
     if backend == "tpu_sync":
-        problems = _tpu_sync_problems(platform)
+        problems = _tpu_sync_problems(platform, on_cpu=tpu_sync_on_cpu)
         if problems:
             raise _refuse(label, "; ".join(problems))
         if engine is None or host_blocks is None:
             raise ValueError("select_transfer('tpu_sync') needs engine= and host_blocks=")
-        transfer = TpuSyncTransfer(engine, host_blocks)
+        transfer = TpuSyncTransfer(engine, host_blocks, shm=tpu_sync_shm)
         try:
             transfer.start()
         except TransferError as exc:
@@ -116,18 +123,24 @@ def _memory_kinds() -> set[str]:
     return {memory.kind for memory in jax.devices()[0].addressable_memories()}
 
 
-def _tpu_sync_problems(platform: str) -> list[str]:
-    """Why tpu_sync cannot run here (empty when it can)."""
+def _tpu_sync_problems(platform: str, *, on_cpu: bool = False) -> list[str]:
+    """Why tpu_sync cannot run here (empty when it can); ``on_cpu`` also allows JAX's CPU."""
     problems: list[str] = []
     missing = _tpu_sync_install_problem()
     if missing:
         problems.append(missing)
-    if platform != "tpu":
+    if platform == "cpu" and not on_cpu:
+        problems.append(
+            "JAX's platform is 'cpu', and TPU Sync needs a TPU (its wheel runs on the CPU "
+            "too: set dma.tpu_sync_on_cpu = true to use it there, for tests and the bench)"
+        )
+    elif platform not in ("tpu", "cpu"):
         problems.append(f"JAX's platform is {platform!r}, and TPU Sync needs a TPU")
     if os.environ.get(SHM_ENV):
         problems.append(
-            f"{SHM_ENV} is set: TPU Sync would keep parked KV in world-writable /dev/shm "
-            "segments; unset it"
+            f"{SHM_ENV} is set: TPU Sync would keep parked KV in /dev/shm segments agentpark "
+            "did not make (created with the umask: world-readable under 022); unset it "
+            "(dma.tpu_sync_shm is the checked way to warm boot)"
         )
     return problems
 

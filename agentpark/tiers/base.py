@@ -123,11 +123,20 @@ class BackendHeldTier(SlotTier):
 
     Slot ``s`` is the backend's host block ``s``; agentpark only does the bookkeeping, so
     these bytes can be neither read, checksummed nor moved to another tier.
+
+    ``persistent`` when the backend keeps them where a restart finds them again (tpu_sync's
+    shm mode); then ``reattached`` / ``attach_problem`` say what start-up found, as for the
+    file tiers, and recovery re-claims the slots SQLite recorded.
     """
 
-    def __init__(self, name: str, geometry: PoolGeometry, capacity_blocks: int) -> None:
+    def __init__(
+        self, name: str, geometry: PoolGeometry, capacity_blocks: int, *, persistent: bool = False
+    ) -> None:
         super().__init__(geometry, capacity_blocks)
         self.name = name
+        self.persistent = persistent
+        self.reattached = False
+        self.attach_problem: str | None = None
 
     def buffers(self) -> list[np.ndarray]:
         raise TypeError(f"the {self.name} tier's bytes live in the DMA backend, not in agentpark")

@@ -62,6 +62,7 @@ def test_tpu_sync_is_refused_with_the_install_hint() -> None:
     if sys.version_info < (3, 12):  # the extra cannot even be installed here
         assert f"this is Python {sys.version_info[0]}.{sys.version_info[1]}" in message
     assert "JAX's platform is 'cpu', and TPU Sync needs a TPU" in message
+    assert "set dma.tpu_sync_on_cpu = true" in message
 
 
 def test_an_unknown_backend_names_the_choices() -> None:
@@ -114,11 +115,20 @@ def test_tpu_sync_with_the_package_still_needs_a_tpu(monkeypatch: pytest.MonkeyP
     message = info.value.message
     assert "not installed" not in message
     assert "JAX's platform is 'cpu', and TPU Sync needs a TPU" in message
+    assert "set dma.tpu_sync_on_cpu = true" in message
+
+
+def test_tpu_sync_on_cpu_is_an_explicit_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dma, "_tpu_sync_install_problem", lambda: None)
+    assert dma._tpu_sync_problems("cpu", on_cpu=True) == []
+    assert dma._tpu_sync_problems("tpu") == []
+    (gpu,) = dma._tpu_sync_problems("gpu", on_cpu=True)  # the opt-in is for the CPU only
+    assert gpu == "JAX's platform is 'gpu', and TPU Sync needs a TPU"
 
 
 def test_tpu_sync_refuses_raiden_shm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAIDEN_SHM_KEY", "raiden_cache")
-    with pytest.raises(ConfigError, match=r"RAIDEN_SHM_KEY is set: .*world-writable"):
+    with pytest.raises(ConfigError, match=r"RAIDEN_SHM_KEY is set: .*world-readable under 022"):
         select_transfer("tpu_sync")
 
 
@@ -136,7 +146,7 @@ class _Manager:
 
 def _pretend_tpu_sync_runs_here(monkeypatch: pytest.MonkeyPatch, factory: object) -> None:
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    monkeypatch.setattr(dma, "_tpu_sync_problems", lambda platform: [])
+    monkeypatch.setattr(dma, "_tpu_sync_problems", lambda platform, **_: [])
     monkeypatch.setattr(dma.tpu_sync, "default_manager_factory", lambda *a, **k: factory)
 
 

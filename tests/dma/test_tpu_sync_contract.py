@@ -1,10 +1,15 @@
-"""tpu_sync's contract with TPU Sync's KVCacheManager, checked against a recording stand-in.
+"""tpu_sync against a recording stand-in: only what the real library cannot exercise.
 
-TPU Sync needs a TPU and Python >= 3.12; neither is here. The stand-in below takes the real
-constructor's inputs and answers the real ``d2h``/``h2d(src_offsets, dst_offsets, copy_sizes)``
-with a future whose ``wait()`` does the copy, so these tests check both the exact calls and
-the bytes: a round trip through it must be bit-exact, and a copy whose future is never waited
-on never lands.
+TPU Sync's real wheel is tested in tests/dma/tpu_real (run by `make test` in .venv-tpu,
+Python 3.12): round trips, the exact d2h/h2d calls, bad offsets, the daemon, kill -9 warm
+boot. This file runs in the main suite (Python 3.11, no tpu_sync) and keeps what needs a
+manager whose behaviour can be scripted: a future whose ``wait()`` fails (a DMA time-out,
+an HBM ECC error: the real library on CPU never fails a valid copy), a call that raises
+something unexpected, what a failed pause or restore leaves behind and that a retry works,
+a pool that moved after binding, the tier/engine aliasing checks, and that ``tpu_sync`` is
+imported only when a manager is built. The stand-in takes the real constructor's inputs and
+answers ``d2h``/``h2d(src_offsets, dst_offsets, copy_sizes)`` with a future whose ``wait()``
+does the copy (the real one copies at dispatch; nothing here depends on that).
 """
 
 from __future__ import annotations
@@ -203,49 +208,6 @@ def test_manager_is_built_once_over_the_pool_with_the_tier_capacity(
     assert len(kv_caches) == 1
     assert kv_caches[0] is engine.kv_pool()[0]
     assert setup.transfer.bytes_in_tier is False
-
-
-def test_pause_is_one_d2h_with_merged_runs_waited_before_return(
-    engine: ReferenceEngine, original: np.ndarray, setup: Setup
-) -> None:
-    setup.tier.allocate("head", 3)
-    slots = setup.tier.allocate("s", 7)
-    assert slots == [3, 4, 5, 6, 7, 8, 9]
-    blocks = [9, 10, 11, 2, 5, 6, 20]
-
-    setup.transfer.d2h(engine, blocks, setup.tier, slots)
-
-    manager = setup.manager
-    assert manager.calls == [("d2h", [9, 2, 5, 20], [3, 6, 7, 9], [3, 1, 2, 1])]
-    (future,) = manager.futures
-    assert future.waits == 1
-    assert future.done
-    np.testing.assert_array_equal(manager.host[0][slots], original[blocks])
-    np.testing.assert_array_equal(_pool(engine), original)  # a pause leaves the pool alone
-
-
-def test_round_trip_is_bit_exact_into_other_blocks(
-    engine: ReferenceEngine, original: np.ndarray, setup: Setup
-) -> None:
-    slots = setup.tier.allocate("s", 7)
-    blocks = [9, 10, 11, 2, 5, 6, 20]
-    setup.transfer.d2h(engine, blocks, setup.tier, slots)
-    # Other sessions keep decoding in between: the engine's donated steps must keep the pool
-    # where TPU Sync was bound (they do, in place), or the restore would be refused.
-    engine.extend([30, 31], 0, list(range(20)))
-    decoded = _pool(engine)
-
-    targets = [20, 21, 22, 0, 1, 2, 29]
-    setup.transfer.h2d(setup.tier, slots, engine, targets)
-
-    manager = setup.manager
-    assert manager.calls[1:] == [("h2d", [0, 3, 6], [20, 0, 29], [3, 3, 1])]
-    assert [f.waits for f in manager.futures] == [1, 1]
-    pool = _pool(engine)
-    np.testing.assert_array_equal(pool[targets], original[blocks])
-    untouched = [b for b in range(NUM_BLOCKS) if b not in targets]
-    np.testing.assert_array_equal(pool[untouched], decoded[untouched])
-    assert len(setup.built) == 1
 
 
 def test_a_failed_pause_raises_transfer_error_and_leaves_everything(
