@@ -60,13 +60,15 @@ def select_transfer(
     *,
     engine: EngineAdapter | None = None,
     host_blocks: int | None = None,
+    copy_threads: int = 1,
 ) -> Transfer:
     """The backend ``dma.backend`` names, checked against this platform and installation.
 
     ``auto`` picks host_copy on the CPU platform (the pool lives in host memory) and
     jax_memkind on a GPU or TPU. ``tpu_sync`` also needs ``engine`` and ``host_blocks`` (the
     capacity in blocks of the one tier whose bytes TPU Sync will hold); its KVCacheManager is
-    built here, so a TPU Sync that cannot start stops the daemon at start.
+    built here, so a TPU Sync that cannot start stops the daemon at start. ``copy_threads``
+    (``dma.copy_threads``) is host_copy's; the other backends ignore it.
     """
     platform = jax.default_backend()
     if backend == "auto":
@@ -81,7 +83,7 @@ def select_transfer(
                 f"host_copy needs the pool in host memory, but JAX's platform is {platform!r}; "
                 "use 'jax_memkind' (or 'tpu_sync' on TPU hosts)",
             )
-        return HostCopyTransfer()
+        return HostCopyTransfer(copy_threads=copy_threads)
     if backend == "jax_memkind":
         missing = [kind for kind in _MEMORY_KINDS if kind not in _memory_kinds()]
         if missing:
