@@ -133,13 +133,14 @@ def test_a_restore_that_is_not_bit_exact_fails_the_bench(
     class Corrupting(HostCopyTransfer):
         """Restores, then flips one bit of the first restored block."""
 
-        def h2d(self, tier, slots, engine, block_ids):  # type: ignore[no-untyped-def]
-            super().h2d(tier, slots, engine, block_ids)
+        def h2d(self, tier, slots, engine, block_ids, digest=False):  # type: ignore[no-untyped-def]
+            got = super().h2d(tier, slots, engine, block_ids, digest)
             if tier is not engine_tier[0]:
-                return  # the scratch fill: leave it alone
+                return got  # the scratch fill: leave it alone
             with engine.lock:
                 (pool,) = engine.kv_pool()
                 engine.set_kv_pool([pool.at[block_ids[0], 0, 0, 0, 0, 0].add(1)])
+            return got
 
     engine_tier: list[object] = [None]
     real_stack_build = bench._Stack.build
