@@ -151,6 +151,12 @@ class DmaSettings(_Section):
     """
 
     backend: Literal["auto", "host_copy", "jax_memkind", "tpu_sync"] = "auto"
+    copy_threads: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="host_copy: threads one pause or restore copies and hashes with",
+    )
 
 
 class LimitSettings(_Section):

@@ -63,7 +63,7 @@ class Runtime:
             tiers: list[HostTier] = [BackendHeldTier(Tier.DRAM, engine.geometry, capacity)]
             transfer = select_transfer("tpu_sync", engine=engine, host_blocks=capacity)
         else:
-            transfer = select_transfer(settings.dma.backend)
+            transfer = select_transfer(settings.dma.backend, copy_threads=settings.dma.copy_threads)
             tiers = build_tiers(settings, engine.geometry, engine.model_uid)
         checksums = settings.integrity.checksum != "none"
         options = CoreOptions(
