@@ -93,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     transfer.add_argument("--repeats", type=int, default=5, help="runs per size (median)")
     transfer.add_argument(
+        "--copy-threads",
+        type=int,
+        default=1,
+        help="host_copy's dma.copy_threads; >1 adds ratios to an np.copyto over that many threads",
+    )
+    transfer.add_argument(
         "--dir",
         type=Path,
         help="where the tier's temporary directory goes (disk: default the current "
@@ -240,7 +246,13 @@ def _bench_transfer(args: argparse.Namespace) -> int:
     from agentpark.bench.transfer import run_transfer_bench
 
     sizes = [_parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    return run_transfer_bench(sizes, repeats=args.repeats, tier=args.tier, directory=args.dir)
+    return run_transfer_bench(
+        sizes,
+        repeats=args.repeats,
+        tier=args.tier,
+        directory=args.dir,
+        copy_threads=args.copy_threads,
+    )
 
 
 def _bench_resume(args: argparse.Namespace) -> int:
