@@ -16,6 +16,16 @@ Gathering inside the jit instead runs at a tenth of memcpy speed on XLA:CPU.
 Copies go in chunks of at most ``chunk_bytes``, each under the engine lock and the lock
 let go between chunks, so other sessions keep decoding while a large session moves: the
 bytes in flight at any moment are bounded by one chunk.
+
+Checksum (``digest=True``, see agentpark.integrity): the pause copies a 1 MiB piece into the
+tier and hashes it from the tier right away, while it is in L2; the restore hashes an 8 MiB
+span of the tier and then writes it into the pool (from L3), or, with ``copy_threads`` > 1,
+hashes it on the workers while this thread writes it. One thread cannot hide the hash: it
+costs its compute time from cache (xxh3 ~4x memcpy speed there), about 0.8-0.85x memcpy
+with it on against ~0.95x off (README, Benchmarks).
+
+``copy_threads`` > 1: a pause's chunk is split over that many threads (this one and a small
+pool), in whole pieces when hashing; numpy's copies and xxhash release the GIL.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
 
@@ -106,13 +116,17 @@ class HostCopyTransfer:
         """``fn`` over ``ranges``: the last on this thread, the others on the workers."""
         if len(ranges) == 1:
             return [fn(*ranges[0])]
+        futures = [self._pool().submit(fn, a, b) for a, b in ranges[:-1]]
+        last = fn(*ranges[-1])
+        return [*(f.result() for f in futures), last]
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The ``copy_threads - 1`` worker threads, started on first use."""
         if self._workers is None:
             self._workers = ThreadPoolExecutor(
                 self.copy_threads - 1, thread_name_prefix="agentpark-copy"
             )
-        futures = [self._workers.submit(fn, a, b) for a, b in ranges[:-1]]
-        last = fn(*ranges[-1])
-        return [*(f.result() for f in futures), last]
+        return self._workers
 
     def _after_chunk(self, nbytes: int) -> None:
         if self.chunk_hook is not None:
@@ -166,9 +180,10 @@ class HostCopyTransfer:
     ) -> str | None:
         """Copy tier slots into pool blocks; with ``digest``, hash each piece as it goes.
 
-        The tier's pieces are hashed a span (``_FUSED_SPAN_BYTES``) at a time, over
-        ``copy_threads`` threads, just before the span is written into the pool, so the
-        write reads them from cache. The caller compares the returned checksum and must
+        The tier's pieces are hashed a span (``_FUSED_SPAN_BYTES``) at a time: with one
+        thread just before the span is written into the pool, so the write reads it from
+        cache; with more, on the ``copy_threads - 1`` workers while this thread writes it
+        (the write is one XLA copy either way). The caller compares the returned checksum and must
         not use the blocks when it differs (they hold whatever the tier held).
         """
         check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
@@ -189,14 +204,20 @@ class HostCopyTransfer:
                 pool = list(engine.kv_pool())
                 try:
                     for a, b in spans:
-                        if digest:
+                        pending: list[Future[list[bytes]]] = []
+                        if digest and threads > 1:
+                            # Overlap: the workers hash the span while this thread writes it.
                             hash_span = partial(_hash, buffers, chunk_slots, k)
-                            for part in self._map(hash_span, self._parts(a, b, k, threads)):
-                                pieces.extend(part)
+                            for x, y in self._parts(a, b, k, threads - 1):
+                                pending.append(self._pool().submit(hash_span, x, y))
+                        elif digest:
+                            pieces.extend(_hash(buffers, chunk_slots, k, a, b))
                         for i, buf in enumerate(buffers):
                             pool[i] = self._write_span(
                                 pool[i], buf, chunk_slots[a:b], ids[a:b], slices, engine
                             )
+                        for future in pending:
+                            pieces.extend(future.result())
                     jax.block_until_ready(pool)  # type: ignore[no-untyped-call]
                 except Exception as exc:
                     raise TransferError(f"restore scatter failed: {exc}") from exc
