@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import TypeVar
 
@@ -94,6 +95,7 @@ class HostCopyTransfer:
         self.chunk_hook: Callable[[int], None] | None = None
         self._warned_unaligned = False
         self._workers: ThreadPoolExecutor | None = None
+        self._workers_lock = threading.Lock()
 
     def _chunk_blocks(self, geometry: PoolGeometry) -> int:
         """Blocks per chunk: about ``chunk_bytes``, in whole hash pieces."""
@@ -117,16 +119,22 @@ class HostCopyTransfer:
         if len(ranges) == 1:
             return [fn(*ranges[0])]
         futures = [self._pool().submit(fn, a, b) for a, b in ranges[:-1]]
-        last = fn(*ranges[-1])
+        try:
+            last = fn(*ranges[-1])
+        finally:
+            # Never return (and let go of the engine lock, or free the slots) while a
+            # worker still writes.
+            wait(futures)
         return [*(f.result() for f in futures), last]
 
     def _pool(self) -> ThreadPoolExecutor:
         """The ``copy_threads - 1`` worker threads, started on first use."""
-        if self._workers is None:
-            self._workers = ThreadPoolExecutor(
-                self.copy_threads - 1, thread_name_prefix="agentpark-copy"
-            )
-        return self._workers
+        with self._workers_lock:
+            if self._workers is None:
+                self._workers = ThreadPoolExecutor(
+                    self.copy_threads - 1, thread_name_prefix="agentpark-copy"
+                )
+            return self._workers
 
     def _after_chunk(self, nbytes: int) -> None:
         if self.chunk_hook is not None:
@@ -183,8 +191,8 @@ class HostCopyTransfer:
         The tier's pieces are hashed a span (``_FUSED_SPAN_BYTES``) at a time: with one
         thread just before the span is written into the pool, so the write reads it from
         cache; with more, on the ``copy_threads - 1`` workers while this thread writes it
-        (the write is one XLA copy either way). The caller compares the returned checksum and must
-        not use the blocks when it differs (they hold whatever the tier held).
+        (the write is one XLA copy either way). The caller compares the returned checksum
+        and must not use the blocks when it differs (they hold whatever the tier held).
         """
         check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
         geometry = engine.geometry
@@ -212,10 +220,13 @@ class HostCopyTransfer:
                                 pending.append(self._pool().submit(hash_span, x, y))
                         elif digest:
                             pieces.extend(_hash(buffers, chunk_slots, k, a, b))
-                        for i, buf in enumerate(buffers):
-                            pool[i] = self._write_span(
-                                pool[i], buf, chunk_slots[a:b], ids[a:b], slices, engine
-                            )
+                        try:
+                            for i, buf in enumerate(buffers):
+                                pool[i] = self._write_span(
+                                    pool[i], buf, chunk_slots[a:b], ids[a:b], slices, engine
+                                )
+                        finally:
+                            wait(pending)
                         for future in pending:
                             pieces.extend(future.result())
                     jax.block_until_ready(pool)  # type: ignore[no-untyped-call]

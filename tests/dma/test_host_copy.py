@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import jax
@@ -13,7 +14,7 @@ import xxhash
 
 from agentpark import integrity
 from agentpark.blocks import ArraySpec, PoolGeometry, contiguous_runs
-from agentpark.dma import HostCopyTransfer
+from agentpark.dma import HostCopyTransfer, host_copy
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.tiers.dram import DramTier
 
@@ -275,3 +276,24 @@ def test_old_checksums_are_still_verified(engine: ReferenceEngine) -> None:
     assert integrity.matches(tier, slots, legacy)
     buf[1].view(np.uint8).flat[0] ^= 1
     assert not integrity.matches(tier, slots, legacy)
+
+
+def test_a_failing_part_waits_for_the_other_threads_before_raising(
+    engine: ReferenceEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy must not return (letting the caller free the slots) while a worker writes."""
+    finished: list[int] = []
+
+    def gather(*args: object) -> list[bytes]:
+        lo = args[-2]
+        if lo == 0:  # the worker's part: slow, then done
+            time.sleep(0.2)
+            finished.append(0)
+            return []
+        raise OSError("injected")  # this thread's part
+
+    monkeypatch.setattr(host_copy, "_gather", gather)
+    tier = DramTier(engine.geometry, 8 * engine.geometry.block_nbytes)
+    with pytest.raises(OSError, match="injected"):
+        HostCopyTransfer(copy_threads=2).d2h(engine, [0, 1, 2, 3], tier, [0, 1, 2, 3])
+    assert finished == [0]
