@@ -93,11 +93,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     transfer.add_argument("--repeats", type=int, default=5, help="runs per size (median)")
     transfer.add_argument(
-        "--backend",
-        choices=("host_copy", "tpu_sync"),
-        default="host_copy",
-        help="DMA backend: tpu_sync runs TPU Sync's KVCacheManager (agentpark[tpu]; on "
-        "JAX's CPU platform too), dram tier only",
+        "--copy-threads",
+        type=int,
+        default=1,
+        help="host_copy's dma.copy_threads; >1 adds ratios to an np.copyto over that many threads",
     )
     transfer.add_argument(
         "--dir",
@@ -257,7 +256,11 @@ def _bench_transfer(args: argparse.Namespace) -> int:
 
     sizes = [_parse_size(s) for s in args.sizes.split(",") if s.strip()]
     return run_transfer_bench(
-        sizes, repeats=args.repeats, tier=args.tier, directory=args.dir, backend=args.backend
+        sizes,
+        repeats=args.repeats,
+        tier=args.tier,
+        directory=args.dir,
+        copy_threads=args.copy_threads,
     )
 
 

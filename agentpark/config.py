@@ -160,6 +160,12 @@ class DmaSettings(_Section):
         description="tpu_sync: keep TPU Sync's host blocks in its /dev/shm segments (0600, "
         "layout-checked) so parked sessions survive a kill -9",
     )
+    copy_threads: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="host_copy: threads one pause or restore copies and hashes with",
+    )
 
 
 class LimitSettings(_Section):

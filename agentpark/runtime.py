@@ -64,7 +64,7 @@ class Runtime:
             # dma.tpu_sync_shm that memory is TPU Sync's /dev/shm segments: the tier persists.
             tiers, transfer = _tpu_sync_parts(settings, engine)
         else:
-            transfer = select_transfer(settings.dma.backend)
+            transfer = select_transfer(settings.dma.backend, copy_threads=settings.dma.copy_threads)
             tiers = build_tiers(settings, engine.geometry, engine.model_uid)
         checksums = settings.integrity.checksum != "none"
         options = CoreOptions(

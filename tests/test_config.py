@@ -176,6 +176,7 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         "dma.backend": "host_copy",
         "dma.tpu_sync_on_cpu": "true",
         "dma.tpu_sync_shm": "true",
+        "dma.copy_threads": "2",
         "limits.max_new_tokens": "64",
         "dashboard.host_label": "gpu-7",
         "dashboard.sample_interval_s": "5",
@@ -228,6 +229,8 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         ("server", "port", "70000", "0..65535"),
         ("model", "max_seq_len", "8", "16..1048576"),
         ("limits", "max_new_tokens", "0", "1..1048576"),
+        ("dma", "copy_threads", "0", "1..64"),
+        ("dma", "copy_threads", "65", "1..64"),
         ("tiers.dram", "capacity", '"2PiB"', "0..1125899906842624"),
     ],
 )

@@ -10,21 +10,23 @@ reference (DESIGN.md section 10). For the disk tier each repeat also writes (``o
 ``os.fsync``) and reads back (``os.preadv``) a plain preallocated file of the same size on the
 same filesystem, and pause and restore are judged against those.
 
-Checksums are off for the throughput rows. What they cost is measured separately in the same
-repeats: :func:`agentpark.integrity.checksum` (xxh3) over the parked copy, which is the call a
-pause makes when the tier is checksummed and the call a resume makes to verify it.
+The first table's rows run with checksums off. In the same repeats the session is paused and
+resumed again with the tier checksummed (``integrity.tiers``): host_copy then hashes each
+1 MiB piece as it copies it (see agentpark.integrity), and the second table says what that
+adds; :func:`agentpark.integrity.checksum` over the parked copy is also timed on its own.
+The third table times the copy alone (``HostCopyTransfer.d2h``/``h2d`` between the session's
+blocks and spare tier slots, checksum off and on), without the SQLite bookkeeping.
+
+``copy_threads`` (``--copy-threads``) is host_copy's ``dma.copy_threads``. With more than
+one, every ratio is also printed against an ``np.copyto`` split over that many threads,
+timed in the same repeat: how close the copy comes to what the memory allows, not only to
+one core's memcpy.
 
 Sessions get their KV synthetically (no model step is compiled for a huge context): seeded
 random pages are written into the pool by the DMA core itself, from a scratch DRAM tier, and
 the session is then handed those blocks (see :meth:`InProcessDriver.adopt_kv`). Once per
 size, before and after the timed repeats, the pool rows after a resume are compared with
 the parked bytes; any difference makes the bench exit 1.
-
-``backend="tpu_sync"`` (``--backend tpu_sync``, dram tier only) runs the same sizes through
-TPU Sync's KVCacheManager (the real wheel; on JAX's CPU platform it is allowed for the bench
-as if ``dma.tpu_sync_on_cpu`` were set) into a slot-only tier whose bytes TPU Sync holds; its
-ratios are to the same np.copyto reference. No checksum row there: agentpark cannot read
-TPU Sync's host blocks. The synthetic KV is written with host_copy (CPU) or jax_memkind.
 
 The shm and disk tier files live in a temporary directory (under /dev/shm, and under the
 current directory or ``directory``) that is removed at the end, also on error.
@@ -41,6 +43,7 @@ import shutil
 import statistics
 import tempfile
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,10 +70,7 @@ from agentpark.bench.common import (
     stdout_console,
     timed,
 )
-from agentpark.dma import Transfer, select_transfer
-from agentpark.dma.host_copy import HostCopyTransfer
-from agentpark.dma.jax_memkind import JaxMemkindTransfer
-from agentpark.dma.tpu_sync import tpu_sync_version
+from agentpark.dma.host_copy import MAX_COPY_THREADS, HostCopyTransfer
 from agentpark.engine.base import EngineAdapter
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.integrity import checksum
@@ -78,13 +78,12 @@ from agentpark.parking import CoreOptions, InProcessDriver, SessionCore, in_proc
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
-from agentpark.tiers.base import BackendHeldTier, HostTier
+from agentpark.tiers.base import HostTier
 from agentpark.tiers.disk import DiskTier
 from agentpark.tiers.dram import DramTier
 from agentpark.tiers.shm import ShmTier
 
 __all__ = [
-    "BACKENDS",
     "SHM_ROOT",
     "TIERS",
     "PlainFile",
@@ -94,10 +93,10 @@ __all__ = [
 ]
 
 TIERS = ("dram", "shm", "disk")
-BACKENDS = ("host_copy", "tpu_sync")
 SHM_ROOT = Path("/dev/shm")
-TARGET_RATIO = 0.85
-"""dram and shm: pause and restore should reach this fraction of np.copyto from TARGET_FROM."""
+TARGET_RATIO = 0.95
+"""dram and shm: pause and restore (checksum off and on) should reach this fraction of a
+single-thread np.copyto from TARGET_FROM."""
 DISK_TARGET_RATIO = 0.8
 """disk: pause and restore should reach this fraction of a plain file write / read."""
 TARGET_FROM = 256 * MiB
@@ -126,6 +125,13 @@ class SizeResult:
     file_write_s: list[float] = field(default_factory=list)  # disk: pwrite + fsync
     file_read_s: list[float] = field(default_factory=list)  # disk: preadv
     mismatch: str | None = None  # why the restored bytes differ; None when bit-exact
+    copy_threads: int = 1
+    # np.copyto over copy_threads threads, just before the checksum-off pause and restore.
+    ncopy_before_pause_s: list[float] = field(default_factory=list)
+    ncopy_before_restore_s: list[float] = field(default_factory=list)
+    # "pause+xxh3", "restore+xxh3" (SessionCore, tier checksummed); "d2h", "h2d",
+    # "d2h+xxh3", "h2d+xxh3" (the copy alone).
+    ops: dict[str, Op] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -188,14 +194,27 @@ class SizeResult:
         return _ratios(self.checksum_gbps, self.copy_before_pause_gbps)
 
     @property
+    def pause_nratios(self) -> list[float]:
+        """Per repeat: pause GB/s over the copy_threads-thread np.copyto just before it."""
+        return _ratios(self.pause_gbps, self._gbps(self.ncopy_before_pause_s))
+
+    @property
+    def restore_nratios(self) -> list[float]:
+        return _ratios(self.restore_gbps, self._gbps(self.ncopy_before_restore_s))
+
+    def op(self, name: str) -> Op:
+        return self.ops.setdefault(name, Op())
+
+    @property
     def checksum_pause_cost(self) -> float:
-        """What checksumming adds to a pause: median xxh3 time over median pause time."""
-        return statistics.median(self.checksum_s) / statistics.median(self.pause_s)
+        """What the checksum adds to a pause: median pause time, checksum on over off."""
+        return statistics.median(self.op("pause+xxh3").s) / statistics.median(self.pause_s) - 1
 
     @property
     def checksum_restore_cost(self) -> float:
-        """What verifying adds to a restore: median xxh3 time over median restore time."""
-        return statistics.median(self.checksum_s) / statistics.median(self.restore_s)
+        """What verifying adds to a restore: median restore time, checksum on over off."""
+        on = statistics.median(self.op("restore+xxh3").s)
+        return on / statistics.median(self.restore_s) - 1
 
     def judged(self) -> list[tuple[str, list[float], float]]:
         """``(name, per-repeat ratios, target)`` for the targets of this tier."""
@@ -204,10 +223,32 @@ class SizeResult:
                 ("pause/file write", self.pause_file_ratios, DISK_TARGET_RATIO),
                 ("restore/file read", self.restore_file_ratios, DISK_TARGET_RATIO),
             ]
-        return [
+        judged = [
             ("pause", self.pause_ratios, TARGET_RATIO),
             ("restore", self.restore_ratios, TARGET_RATIO),
         ]
+        for name in ("pause+xxh3", "restore+xxh3"):
+            if name in self.ops:
+                judged.append((name, self.ops[name].ratios, TARGET_RATIO))
+        return judged
+
+
+@dataclass
+class Op:
+    """One timed operation per repeat, each with the references timed just before it."""
+
+    s: list[float] = field(default_factory=list)
+    ref1: list[float] = field(default_factory=list)  # np.copyto, one thread
+    refn: list[float] = field(default_factory=list)  # np.copyto over copy_threads threads
+
+    @property
+    def ratios(self) -> list[float]:
+        """Per repeat: GB/s over the single-thread np.copyto's (= its time over ours)."""
+        return [r / t for r, t in zip(self.ref1, self.s, strict=True)]
+
+    @property
+    def nratios(self) -> list[float]:
+        return [r / t for r, t in zip(self.refn, self.s, strict=True)]
 
 
 def _ratios(values: Sequence[float], references: Sequence[float]) -> list[float]:
@@ -258,10 +299,9 @@ class _Stack:
 
     store: SessionStore
     engine: ReferenceEngine
-    transfer: Transfer
+    transfer: HostCopyTransfer
     tier: HostTier
     driver: InProcessDriver
-    filler: Transfer  # writes the synthetic KV into the pool from a scratch dram tier
 
     @property
     def parking(self) -> SessionCore:
@@ -275,7 +315,7 @@ class _Stack:
         tier_dir: Path | None,
         largest: int,
         block_tokens: int,
-        backend: str = "host_copy",
+        copy_threads: int = 1,
     ) -> _Stack:
         url = f"sqlite:///{state_dir / 'agentpark.db'}"
         upgrade(url)
@@ -291,24 +331,11 @@ class _Stack:
             pool = PoolSpec(block_size=block_tokens, num_blocks=num_blocks)
             engine = ReferenceEngine(model, pool)
             assert engine.geometry.block_nbytes == block_nbytes
-            on_cpu = jax.default_backend() == "cpu"
-            filler: Transfer = HostCopyTransfer() if on_cpu else JaxMemkindTransfer()
-            transfer: Transfer
-            if backend == "tpu_sync":
-                tier = BackendHeldTier("dram", engine.geometry, largest // block_nbytes)
-                transfer = select_transfer(
-                    "tpu_sync",
-                    engine=engine,
-                    host_blocks=tier.capacity_blocks,
-                    tpu_sync_on_cpu=True,
-                )
-            else:
-                tier = _make_tier(tier_name, tier_dir, engine, largest)
-                copier = HostCopyTransfer()
-                # Compile the restore scatter for every window size before anything is timed.
-                copier.warmup(engine, tier)
-                transfer = filler = copier
-            # Checksums off: the rows measure the copy; checksum() is timed on its own.
+            tier = _make_tier(tier_name, tier_dir, engine, largest)
+            transfer = HostCopyTransfer(copy_threads=copy_threads)
+            # Compile the restore scatter for every window size before anything is timed.
+            transfer.warmup(engine, tier)
+            # Checksums off; the repeats turn them on for the tier under test and back.
             options = CoreOptions(checksum_tiers=frozenset())
             driver = in_process_core(
                 store, engine, transfer, [tier], max_new_tokens=1, options=options
@@ -318,7 +345,7 @@ class _Stack:
                 tier.close()
             store.close()
             raise
-        return cls(store, engine, transfer, tier, driver, filler)
+        return cls(store, engine, transfer, tier, driver)
 
     def close(self) -> None:
         self.parking.close()
@@ -343,7 +370,7 @@ def run_transfer_bench(
     directory: Path | None = None,
     console: Console | None = None,
     progress_console: Console | None = None,
-    backend: str = "host_copy",
+    copy_threads: int = 1,
 ) -> int:
     """Measure, print the tables (to ``console``, stdout by default); 1 if a restore differs.
 
@@ -352,15 +379,14 @@ def run_transfer_bench(
     disk) and removed at the end, also on error; a disk directory on a memory filesystem
     (tmpfs) is refused. The progress bar goes to ``progress_console`` (stderr by default).
     Returns 2 for arguments that cannot be measured: sizes that are not a whole number of KV
-    tokens, ``repeats < 1``, an unknown tier, or a directory that cannot hold the files.
+    tokens, ``repeats < 1``, an unknown tier, a directory that cannot hold the files, or
+    ``copy_threads`` outside 1..64.
     """
     out = console if console is not None else stdout_console(200 if tier == "disk" else 150)
     err = progress_console if progress_console is not None else Console(stderr=True)
     problem = _argument_problem(sizes, repeats, tier, directory)
-    if problem is None and backend not in BACKENDS:
-        problem = f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
-    if problem is None and backend == "tpu_sync" and tier != "dram":
-        problem = "--backend tpu_sync parks into TPU Sync's host memory: --tier dram only"
+    if problem is None and not 1 <= copy_threads <= MAX_COPY_THREADS:
+        problem = f"--copy-threads must be 1..{MAX_COPY_THREADS}, got {copy_threads}"
     if problem is not None:
         err.print(f"agentpark: {problem}", soft_wrap=True, highlight=False)
         return 2
@@ -374,24 +400,24 @@ def run_transfer_bench(
             tier_dir = Path(tempfile.mkdtemp(prefix="agentpark-bench-", dir=parent))
             # Registered first, so it runs last: after the tier's file is closed.
             cleanup.callback(shutil.rmtree, tier_dir, ignore_errors=True)
-        stack = _Stack.build(state_dir, tier, tier_dir, max(sizes), block_tokens, backend)
+        stack = _Stack.build(state_dir, tier, tier_dir, max(sizes), block_tokens, copy_threads)
         cleanup.callback(stack.close)
+        ncopy = _threaded_copyto(copy_threads, cleanup)
         with progress_bar(err) as progress:
             task = progress.add_task(
-                f"transfer bench ({tier}, {stack.transfer.name})",
-                total=len(sizes) * (2 + 2 * repeats),
+                f"transfer bench ({tier})", total=len(sizes) * (2 + 4 * repeats)
             )
             for i, size in enumerate(sizes):
 
                 def step(what: str, size: int = size) -> None:
                     progress.update(task, advance=1, description=f"{tier} {human(size)}: {what}")
 
-                results.append(_bench_size(stack, size, repeats, SEED + i, step, tier_dir))
+                results.append(_bench_size(stack, size, repeats, SEED + i, step, tier_dir, ncopy))
                 gc.collect()
         notes = _notes(stack, tier, tier_dir, repeats)
-    out.print(_table(tier, results, stack.transfer.name))
-    if any(r.checksum_s for r in results):
-        out.print(_checksum_table(results))
+    out.print(_table(tier, results, copy_threads))
+    out.print(_checksum_table(results, copy_threads))
+    out.print(_copy_alone_table(results, copy_threads))
     for note in notes:
         out.print(note, soft_wrap=True, highlight=False)
     failed = [r for r in results if not r.exact]
@@ -400,7 +426,31 @@ def run_transfer_bench(
             f"[red]FAIL[/red] {tier} {human(r.size)}: restored KV is not bit-exact: {r.mismatch}"
         )
     out.print(_verdict(tier, results), soft_wrap=True, highlight=False)
+    if tier != "disk":
+        out.print(_copy_alone_verdict(results), soft_wrap=True, highlight=False)
     return 1 if failed else 0
+
+
+def _threaded_copyto(
+    threads: int, cleanup: contextlib.ExitStack
+) -> Callable[[np.ndarray, np.ndarray], None] | None:
+    """``np.copyto`` split into ``threads`` page-aligned parts, one per thread; None for 1."""
+    if threads == 1:
+        return None
+    workers = ThreadPoolExecutor(threads - 1, thread_name_prefix="bench-copyto")
+    cleanup.callback(workers.shutdown)
+
+    def copy(dst: np.ndarray, src: np.ndarray) -> None:
+        step = -(-src.size // threads // 4096) * 4096
+        futures = [
+            workers.submit(np.copyto, dst[i : i + step], src[i : i + step])
+            for i in range(step, src.size, step)
+        ]
+        np.copyto(dst[:step], src[:step])
+        for future in futures:
+            future.result()
+
+    return copy
 
 
 def _argument_problem(
@@ -457,10 +507,10 @@ def _bench_size(
     seed: int,
     step: Callable[[str], None],
     tier_dir: Path | None,
+    ncopy: Callable[[np.ndarray, np.ndarray], None] | None = None,
 ) -> SizeResult:
     parking, engine, tier = stack.parking, stack.engine, stack.tier
-    bytes_readable = not isinstance(tier, BackendHeldTier)
-    result = SizeResult(size, tier.name)
+    result = SizeResult(size, tier.name, copy_threads=stack.transfer.copy_threads)
     session_id = f"kv-{size}"
     num_blocks = size // engine.geometry.block_nbytes
     num_tokens = size // TOKEN_BYTES
@@ -476,6 +526,14 @@ def _bench_size(
         stack.driver.adopt_kv(TENANT, session_id, tokens, blocks, np.zeros(engine.vocab_size, "f4"))
         result.mismatch = pool_mismatch(engine, expected, blocks, "after fill")
         src, dst = prefaulted(size), prefaulted(size)
+
+        def measure(name: str, fn: Callable[..., object], *args: object) -> None:
+            op = result.op(name)
+            op.ref1.append(timed(np.copyto, dst, src))
+            if ncopy is not None:
+                op.refn.append(timed(ncopy, dst, src))
+            op.s.append(timed(fn, *args))
+
         if tier.name == "disk":
             assert tier_dir is not None
             plain = PlainFile(tier_dir / f"plain-{size}.bin", size)
@@ -494,18 +552,29 @@ def _bench_size(
         step("warm-up")
         for _ in range(repeats if result.exact else 0):
             result.copy_before_pause_s.append(timed(np.copyto, dst, src))
+            if ncopy is not None:
+                result.ncopy_before_pause_s.append(timed(ncopy, dst, src))
             if plain is not None:
                 result.file_write_s.append(timed(plain.write, src))
             result.pause_s.append(timed(park, parking, session_id, tier.name))
-            if bytes_readable:
-                slots = _parked_slots(parking, session_id)
-                result.checksum_s.append(timed(checksum, tier, slots))
+            result.checksum_s.append(timed(checksum, tier, _parked_slots(parking, session_id)))
             step("pause")
             result.copy_before_restore_s.append(timed(np.copyto, src, dst))
+            if ncopy is not None:
+                result.ncopy_before_restore_s.append(timed(ncopy, src, dst))
             if plain is not None:
                 result.file_read_s.append(timed(plain.read, dst))
             result.restore_s.append(timed(restore, parking, session_id, tier.name))
             step("restore")
+            parking.mover.checksum_tiers = frozenset({tier.name})
+            try:
+                measure("pause+xxh3", park, parking, session_id, tier.name)
+                measure("restore+xxh3", restore, parking, session_id, tier.name)
+            finally:
+                parking.mover.checksum_tiers = frozenset()
+            step("checksum on")
+            _copy_alone(stack, key, measure)
+            step("copy alone")
         if result.exact:
             after = _blocks_of(engine, key)
             result.mismatch = pool_mismatch(engine, expected, after, "after repeats")
@@ -515,6 +584,20 @@ def _bench_size(
             plain.close()
         parking.delete(TENANT, session_id)
     return result
+
+
+def _copy_alone(stack: _Stack, key: tuple[str, str], measure: Callable[..., None]) -> None:
+    """The copy without the control plane: the session's blocks to spare tier slots and
+    back into the same blocks (the same bytes), checksum off and on."""
+    engine, tier, dma = stack.engine, stack.tier, stack.transfer
+    blocks = _blocks_of(engine, key)
+    slots = tier.allocate("bench-copy-alone", len(blocks))
+    try:
+        for digest, suffix in ((False, ""), (True, "+xxh3")):
+            measure(f"d2h{suffix}", dma.d2h, engine, blocks, tier, slots, digest)
+            measure(f"h2d{suffix}", dma.h2d, tier, slots, engine, blocks, digest)
+    finally:
+        tier.free("bench-copy-alone")
 
 
 def _round_trip(parking: SessionCore, session_id: str, tier: str) -> None:
@@ -545,7 +628,7 @@ def _fill_blocks(stack: _Stack, blocks: list[int], rng: np.random.Generator) -> 
         flat = buf.reshape(len(blocks), -1).view(np.uint8)
         for row in flat:  # a block at a time keeps the temporaries small
             row[:] = np.frombuffer(rng.bytes(row.size), dtype=np.uint8)
-    stack.filler.h2d(scratch, slots, engine, blocks)
+    stack.transfer.h2d(scratch, slots, engine, blocks)
     return buffers
 
 
@@ -567,13 +650,14 @@ def _ratio_cell(ratios: Sequence[float], target: float | None) -> str:
     return f"[{style}]{ratio:.2f}[/{style}] ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
-def _table(tier: str, results: Sequence[SizeResult], backend: str = "host_copy") -> Table:
+def _table(tier: str, results: Sequence[SizeResult], threads: int = 1) -> Table:
     disk = tier == "disk"
-    flags = f"--tier {tier}" + (f" --backend {backend}" if backend != "host_copy" else "")
-    title = f"agentpark bench transfer {flags}: SessionCore.pause/resume vs np.copyto"
+    title = f"agentpark bench transfer --tier {tier}: SessionCore.pause/resume vs np.copyto"
     table = Table(title=title + (" and a plain file write/read" if disk else ""))
     names = ["KV/session", "pause GB/s", "restore GB/s", "copyto GB/s", "pause ratio"]
     names.append("restore ratio")
+    if threads > 1:
+        names += [f"copyto x{threads} GB/s", f"pause/x{threads}", f"restore/x{threads}"]
     if disk:
         names += ["write GB/s", "read GB/s", "pause/write", "restore/read"]
     for name in names:
@@ -589,6 +673,9 @@ def _table(tier: str, results: Sequence[SizeResult], backend: str = "host_copy")
         memcpy_target = TARGET_RATIO if judged and not disk else None
         cells.append(_ratio_cell(r.pause_ratios, memcpy_target))
         cells.append(_ratio_cell(r.restore_ratios, memcpy_target))
+        if threads > 1:
+            cells.append(spread(r._gbps(r.ncopy_before_pause_s + r.ncopy_before_restore_s)))
+            cells += [_ratio_cell(r.pause_nratios, None), _ratio_cell(r.restore_nratios, None)]
         if disk:
             file_target = DISK_TARGET_RATIO if judged else None
             cells += [spread(r.file_write_gbps), spread(r.file_read_gbps)]
@@ -599,57 +686,85 @@ def _table(tier: str, results: Sequence[SizeResult], backend: str = "host_copy")
     return table
 
 
-def _checksum_table(results: Sequence[SizeResult]) -> Table:
+def _checksum_table(results: Sequence[SizeResult], threads: int = 1) -> Table:
     tier = results[0].tier if results else "?"
-    table = Table(title=f"what the checksum costs ({tier}): xxh3 over the parked copy")
-    for name in ("KV/session", "xxh3 GB/s", "xxh3/copyto", "+ on pause", "+ on restore"):
+    table = Table(
+        title=f"what the checksum costs ({tier}): SessionCore.pause/resume with the tier "
+        "checksummed (hashed as it copies), vs np.copyto"
+    )
+    names = ["KV/session", "pause GB/s", "restore GB/s", "pause ratio", "restore ratio"]
+    if threads > 1:
+        names += [f"pause/x{threads}", f"restore/x{threads}"]
+    names += ["xxh3 alone GB/s", "+ on pause", "+ on restore"]
+    for name in names:
         table.add_column(name, justify="right")
     for r in results:
-        if not r.checksum_s:
-            table.add_row(human(r.size), "-", "-", "-", "-")
+        pause, resume = r.ops.get("pause+xxh3"), r.ops.get("restore+xxh3")
+        if pause is None or resume is None or not r.checksum_s:
+            table.add_row(human(r.size), *["-"] * (len(names) - 1))
             continue
-        table.add_row(
-            human(r.size),
-            spread(r.checksum_gbps),
-            spread(r.checksum_ratios),
-            f"{r.checksum_pause_cost:+.0%}",
-            f"{r.checksum_restore_cost:+.0%}",
-        )
+        target = TARGET_RATIO if r.size >= TARGET_FROM and tier != "disk" else None
+        cells = [human(r.size), spread(r._gbps(pause.s)), spread(r._gbps(resume.s))]
+        cells += [_ratio_cell(pause.ratios, target), _ratio_cell(resume.ratios, target)]
+        if threads > 1:
+            cells += [_ratio_cell(pause.nratios, None), _ratio_cell(resume.nratios, None)]
+        cells.append(spread(r.checksum_gbps))
+        cells += [f"{r.checksum_pause_cost:+.0%}", f"{r.checksum_restore_cost:+.0%}"]
+        table.add_row(*cells)
+    return table
+
+
+_ALONE = ("d2h", "h2d", "d2h+xxh3", "h2d+xxh3")
+
+
+def _copy_alone_table(results: Sequence[SizeResult], threads: int = 1) -> Table:
+    tier = results[0].tier if results else "?"
+    table = Table(
+        title=f"the copy alone ({tier}): HostCopyTransfer.d2h/h2d, no SQLite, over np.copyto"
+    )
+    heads = ["pause", "restore", "pause+xxh3", "restore+xxh3"]
+    names = ["KV/session", *heads]
+    if threads > 1:
+        names += [f"{h}/x{threads}" for h in heads]
+    for name in names:
+        table.add_column(name, justify="right")
+    for r in results:
+        ops = [r.ops.get(name) for name in _ALONE]
+        if any(op is None or not op.s for op in ops):
+            table.add_row(human(r.size), *["-"] * (len(names) - 1))
+            continue
+        target = TARGET_RATIO if r.size >= TARGET_FROM and tier != "disk" else None
+        cells = [human(r.size), *(_ratio_cell(op.ratios, target) for op in ops if op)]
+        if threads > 1:
+            cells += [_ratio_cell(op.nratios, None) for op in ops if op]
+        table.add_row(*cells)
     return table
 
 
 def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> list[str]:
     geometry = stack.engine.geometry
     tier_bytes = stack.tier.capacity_blocks * geometry.block_nbytes
+    threads = stack.transfer.copy_threads
+    threads_note = f"dma.copy_threads = {threads}" + (
+        f"; /x{threads} columns divide by an np.copyto split over {threads} threads."
+        if threads > 1
+        else "."
+    )
     notes = [
         f"GB = 1e9 bytes; median (min-max) of {repeats} repeats; a ratio is, per repeat, the "
         "operation's GB/s over the reference run just before it (same size, preallocated, "
         "pre-faulted buffers); pause and restore are timed around SessionCore.pause/resume "
-        "(SQLite writes included), with checksums off.",
+        "(SQLite writes included), with checksums off in the first table and on in the "
+        f"second; the third times HostCopyTransfer.d2h/h2d alone. {threads_note}",
         f"pool {geometry.num_blocks} blocks x {human(geometry.block_nbytes)} "
         f"({geometry.block_size} tokens), {tier} tier {human(tier_bytes)}, "
         f"dma {stack.transfer.name}, jax {jax.__version__} ({jax.default_backend()}), "
         f"numpy {np.__version__}.",
+        "checksum: xxh3-64 per 1 MiB piece, hashed by host_copy while the piece is in cache "
+        "(pause: after writing it to the tier; restore: before writing it to the pool); "
+        "'+ on pause/restore' is the checksum-on time over the checksum-off one. 'xxh3 "
+        "alone' is integrity.checksum over the parked copy (one core).",
     ]
-    if stack.transfer.name != "tpu_sync":
-        notes.append(
-            "checksum: integrity.checksum (xxh3-64, one core) over the parked copy, timed in each "
-            "repeat while the session is parked; with integrity.checksum on for this tier a pause "
-            "pays it once after the copy and a resume once before it (verify), i.e. '+ on "
-            "pause' / '+ on restore' of the checksum-off times above."
-        )
-    else:
-        notes.append(
-            f"tpu_sync: TPU Sync's real KVCacheManager (tpu-sync-jax {tpu_sync_version()}) "
-            f"on JAX's {jax.default_backend()!r} platform"
-            + (
-                " (allowed for the bench as dma.tpu_sync_on_cpu): it copies between host "
-                "buffers here, so these figures say nothing about a TPU's DMA engine; no "
-                "checksum row, agentpark cannot read TPU Sync's host blocks."
-                if jax.default_backend() == "cpu"
-                else "; no checksum row, agentpark cannot read TPU Sync's host blocks."
-            )
-        )
     if tier_dir is not None:
         mount = filesystem_of(tier_dir)
         where = f"{mount[1]} on {mount[0]}" if mount else "unknown filesystem"
@@ -666,6 +781,23 @@ def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> lis
     return notes
 
 
+def _copy_alone_verdict(results: Sequence[SizeResult]) -> str:
+    head = (
+        f"the copy alone: ratio >= {TARGET_RATIO} from {human(TARGET_FROM)} up, checksum off "
+        "and on: "
+    )
+    judged = [r for r in results if r.size >= TARGET_FROM and r.ops.get("d2h")]
+    if not judged:
+        return head + "no size to judge"
+    misses = [
+        f"{name} at {human(r.size)} ({statistics.median(r.ops[name].ratios):.2f})"
+        for r in judged
+        for name in _ALONE
+        if statistics.median(r.ops[name].ratios) < TARGET_RATIO
+    ]
+    return head + ("met" if not misses else "MISSED: " + ", ".join(misses))
+
+
 def _verdict(tier: str, results: Sequence[SizeResult]) -> str:
     if tier == "disk":
         head = (
@@ -673,7 +805,10 @@ def _verdict(tier: str, results: Sequence[SizeResult]) -> str:
             f"{human(TARGET_FROM)} up: "
         )
     else:
-        head = f"target: ratio >= {TARGET_RATIO} from {human(TARGET_FROM)} up, both directions: "
+        head = (
+            f"target: ratio >= {TARGET_RATIO} from {human(TARGET_FROM)} up, both directions, "
+            "checksum off and on: "
+        )
     judged = [r for r in results if r.size >= TARGET_FROM and r.pause_s]
     if not judged:
         return head + "no size to judge"

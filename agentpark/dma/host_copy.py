@@ -16,27 +16,48 @@ Gathering inside the jit instead runs at a tenth of memcpy speed on XLA:CPU.
 Copies go in chunks of at most ``chunk_bytes``, each under the engine lock and the lock
 let go between chunks, so other sessions keep decoding while a large session moves: the
 bytes in flight at any moment are bounded by one chunk.
+
+Checksum (``digest=True``, see agentpark.integrity): the pause copies a 1 MiB piece into the
+tier and hashes it from the tier right away, while it is in L2; the restore hashes an 8 MiB
+span of the tier and then writes it into the pool (from L3), or, with ``copy_threads`` > 1,
+hashes it on the workers while this thread writes it. One thread cannot hide the hash: it
+costs its compute time from cache (xxh3 ~4x memcpy speed there), about 0.8-0.85x memcpy
+with it on against ~0.95x off (README, Benchmarks).
+
+``copy_threads`` > 1: a pause's chunk is split over that many threads (this one and a small
+pool), in whole pieces when hashing; numpy's copies and xxhash release the GIL.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
+from typing import TypeVar
 
 import jax
 import numpy as np
 
-from agentpark.blocks import check_copy, contiguous_runs
+from agentpark.blocks import PoolGeometry, check_copy, contiguous_runs, paired_runs
 from agentpark.engine.base import EngineAdapter
 from agentpark.errors import TransferError
+from agentpark.integrity import combine, piece_blocks, piece_digest
 from agentpark.tiers.base import HostTier
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "HostCopyTransfer"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "MAX_COPY_THREADS", "HostCopyTransfer"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 64 * 2**20
+MAX_COPY_THREADS = 64
+# A restore with its checksum hashes this much of the tier, then writes it into the pool
+# while it is still in the (32 MiB) L3; a piece at a time would pay a jit dispatch per MiB.
+_FUSED_SPAN_BYTES = 8 * 2**20
+
+_T = TypeVar("_T")
 
 
 @partial(jax.jit, donate_argnums=0)
@@ -64,59 +85,181 @@ class HostCopyTransfer:
 
     name = "host_copy"
 
-    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, copy_threads: int = 1) -> None:
+        if not 1 <= copy_threads <= MAX_COPY_THREADS:
+            raise ValueError(f"copy_threads must be 1..{MAX_COPY_THREADS}, got {copy_threads}")
         self.chunk_bytes = chunk_bytes
+        self.copy_threads = copy_threads
         # Called between chunks, outside the engine lock: progress bars, and tests that
         # need a copy held open while they check that others are not blocked.
         self.chunk_hook: Callable[[int], None] | None = None
         self._warned_unaligned = False
+        self._workers: ThreadPoolExecutor | None = None
+        self._workers_lock = threading.Lock()
 
-    def _pieces(
-        self, engine: EngineAdapter, block_ids: Sequence[int], slots: Sequence[int]
-    ) -> list[tuple[Sequence[int], Sequence[int]]]:
-        per = max(1, self.chunk_bytes // engine.geometry.block_nbytes)
-        return [(block_ids[i : i + per], slots[i : i + per]) for i in range(0, len(slots), per)]
+    def _chunk_blocks(self, geometry: PoolGeometry) -> int:
+        """Blocks per chunk: about ``chunk_bytes``, in whole hash pieces."""
+        k = piece_blocks(geometry)
+        return max(k, self.chunk_bytes // geometry.block_nbytes // k * k)
+
+    def _chunks(self, geometry: PoolGeometry, n: int) -> list[tuple[int, int]]:
+        """``[lo, hi)`` positions of each chunk of an ``n``-block copy."""
+        per = self._chunk_blocks(geometry)
+        return [(lo, min(lo + per, n)) for lo in range(0, n, per)]
+
+    def _parts(self, lo: int, hi: int, unit: int, parts: int) -> list[tuple[int, int]]:
+        """``[lo, hi)`` cut into at most ``parts`` ranges of whole ``unit``s, in order."""
+        units = -(-(hi - lo) // unit)
+        parts = max(1, min(parts, units))
+        cuts = [lo + min(hi - lo, (units * i // parts) * unit) for i in range(parts + 1)]
+        return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
+
+    def _map(self, fn: Callable[[int, int], _T], ranges: Sequence[tuple[int, int]]) -> list[_T]:
+        """``fn`` over ``ranges``: the last on this thread, the others on the workers."""
+        if len(ranges) == 1:
+            return [fn(*ranges[0])]
+        futures = [self._pool().submit(fn, a, b) for a, b in ranges[:-1]]
+        try:
+            last = fn(*ranges[-1])
+        finally:
+            # Never return (and let go of the engine lock, or free the slots) while a
+            # worker still writes.
+            wait(futures)
+        return [*(f.result() for f in futures), last]
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The ``copy_threads - 1`` worker threads, started on first use."""
+        with self._workers_lock:
+            if self._workers is None:
+                self._workers = ThreadPoolExecutor(
+                    self.copy_threads - 1, thread_name_prefix="agentpark-copy"
+                )
+            return self._workers
 
     def _after_chunk(self, nbytes: int) -> None:
         if self.chunk_hook is not None:
             self.chunk_hook(nbytes)
 
     def d2h(
-        self, engine: EngineAdapter, block_ids: Sequence[int], tier: HostTier, slots: Sequence[int]
-    ) -> None:
+        self,
+        engine: EngineAdapter,
+        block_ids: Sequence[int],
+        tier: HostTier,
+        slots: Sequence[int],
+        digest: bool = False,
+    ) -> str | None:
+        """Copy pool blocks into tier slots; with ``digest``, hash each piece as it lands.
+
+        Each piece (integrity.piece_blocks) is hashed from the tier buffer right after it
+        is written, while it is still in cache; the pieces of a chunk are split over
+        ``copy_threads`` threads in whole pieces, so the checksum is the same for any
+        thread count.
+        """
         check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
-        for ids, piece_slots in self._pieces(engine, block_ids, slots):
-            src_ids = np.asarray(ids, dtype=np.intp)
+        k = piece_blocks(engine.geometry)
+        pieces: list[bytes] = []
+        buffers = tier.buffers()
+        for lo, hi in self._chunks(engine.geometry, len(slots)):
+            src_ids = np.asarray(block_ids[lo:hi], dtype=np.intp)
+            chunk_slots = slots[lo:hi]
+            unit = k if digest else 1
+            ranges = self._parts(0, hi - lo, unit, self.copy_threads)
             with engine.lock:
-                for arr, buf in zip(engine.kv_pool(), tier.buffers(), strict=True):
-                    view = np.asarray(arr)  # zero-copy on the CPU platform
-                    for pos, slot, n in contiguous_runs(piece_slots):
-                        out = buf[slot : slot + n]
-                        np.take(view, src_ids[pos : pos + n], axis=0, out=out, mode="clip")
+                views = [np.asarray(arr) for arr in engine.kv_pool()]  # zero-copy on CPU
+                try:
+                    gather = partial(
+                        _gather, views, buffers, src_ids, chunk_slots, k if digest else 0
+                    )
+                    for part in self._map(gather, ranges):
+                        pieces.extend(part)
+                finally:
                     # A live view would make the next donating step copy the whole pool.
-                    del view
-            self._after_chunk(len(ids) * engine.geometry.block_nbytes)
+                    views.clear()
+            self._after_chunk((hi - lo) * engine.geometry.block_nbytes)
+        return combine(pieces) if digest else None
 
     def h2d(
-        self, tier: HostTier, slots: Sequence[int], engine: EngineAdapter, block_ids: Sequence[int]
-    ) -> None:
+        self,
+        tier: HostTier,
+        slots: Sequence[int],
+        engine: EngineAdapter,
+        block_ids: Sequence[int],
+        digest: bool = False,
+    ) -> str | None:
+        """Copy tier slots into pool blocks; with ``digest``, hash each piece as it goes.
+
+        The tier's pieces are hashed a span (``_FUSED_SPAN_BYTES``) at a time: with one
+        thread just before the span is written into the pool, so the write reads it from
+        cache; with more, on the ``copy_threads - 1`` workers while this thread writes it
+        (the write is one XLA copy either way). The caller compares the returned checksum
+        and must not use the blocks when it differs (they hold whatever the tier held).
+        """
         check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
-        for ids, piece_slots in self._pieces(engine, block_ids, slots):
+        geometry = engine.geometry
+        k = piece_blocks(geometry)
+        span = max(k, _FUSED_SPAN_BYTES // geometry.block_nbytes // k * k)
+        threads = self.copy_threads
+        pieces: list[bytes] = []
+        buffers = tier.buffers()
+        for lo, hi in self._chunks(geometry, len(slots)):
+            ids, chunk_slots = block_ids[lo:hi], slots[lo:hi]
+            # Slice writes when every run consecutive on both sides is long (a memcpy);
+            # else the scatter, which takes any block order.
+            slices = all(n >= _SLICE_MIN_BLOCKS for n in paired_runs(chunk_slots, ids)[2])
+            n = hi - lo
+            spans = [(a, min(a + span, n)) for a in range(0, n, span)] if digest else [(0, n)]
             with engine.lock:
                 pool = list(engine.kv_pool())
                 try:
-                    for pos, slot, n in contiguous_runs(piece_slots):
-                        run_ids = ids[pos : pos + n]
-                        for i, buf in enumerate(tier.buffers()):
-                            pool[i] = self._restore_run(pool[i], buf, slot, run_ids, engine)
+                    for a, b in spans:
+                        pending: list[Future[list[bytes]]] = []
+                        if digest and threads > 1:
+                            # Overlap: the workers hash the span while this thread writes it.
+                            hash_span = partial(_hash, buffers, chunk_slots, k)
+                            for x, y in self._parts(a, b, k, threads - 1):
+                                pending.append(self._pool().submit(hash_span, x, y))
+                        elif digest:
+                            pieces.extend(_hash(buffers, chunk_slots, k, a, b))
+                        try:
+                            for i, buf in enumerate(buffers):
+                                pool[i] = self._write_span(
+                                    pool[i], buf, chunk_slots[a:b], ids[a:b], slices, engine
+                                )
+                        finally:
+                            wait(pending)
+                        for future in pending:
+                            pieces.extend(future.result())
                     jax.block_until_ready(pool)  # type: ignore[no-untyped-call]
                 except Exception as exc:
                     raise TransferError(f"restore scatter failed: {exc}") from exc
                 finally:
                     engine.set_kv_pool(pool)
-            self._after_chunk(len(ids) * engine.geometry.block_nbytes)
+            self._after_chunk((hi - lo) * geometry.block_nbytes)
+        return combine(pieces) if digest else None
 
-    def _restore_run(
+    def _write_span(
+        self,
+        pool: jax.Array,
+        buf: np.ndarray,
+        slots: Sequence[int],
+        ids: Sequence[int],
+        slices: bool,
+        engine: EngineAdapter,
+    ) -> jax.Array:
+        """Write tier rows ``slots[i]`` into pool blocks ``ids[i]`` of one pool array."""
+        if slices:
+            for start, first, n in zip(*paired_runs(slots, ids), strict=True):
+                # Power-of-two pieces: a fixed, small set of shapes is ever compiled.
+                for offset, size in _power_of_two_pieces(n):
+                    rows = buf[start + offset : start + offset + size]
+                    self._warn_if_unaligned(rows)
+                    pool = _write_rows(pool, rows, np.int32(first + offset))
+            return pool
+        for pos, slot, n in contiguous_runs(slots):
+            pool = self._scatter_run(pool, buf, slot, ids[pos : pos + n], engine)
+        return pool
+
+    def _scatter_run(
         self,
         pool: jax.Array,
         buf: np.ndarray,
@@ -124,16 +267,7 @@ class HostCopyTransfer:
         ids: Sequence[int],
         engine: EngineAdapter,
     ) -> jax.Array:
-        """Write tier rows ``slot..slot+len(ids)`` into pool blocks ``ids``."""
-        runs = contiguous_runs(ids)
-        if all(n >= _SLICE_MIN_BLOCKS for _pos, _first, n in runs):
-            for pos, first, n in runs:
-                # Power-of-two pieces: a fixed, small set of shapes is ever compiled.
-                for offset, size in _power_of_two_pieces(n):
-                    rows = buf[slot + pos + offset : slot + pos + offset + size]
-                    self._warn_if_unaligned(rows)
-                    pool = _write_rows(pool, rows, np.int32(first + offset))
-            return pool
+        """Scatter tier rows ``slot..slot+len(ids)`` into pool blocks ``ids``."""
         size = _bucket(len(ids), buf.shape[0])
         start = min(slot, buf.shape[0] - size)
         targets = np.full(size, engine.geometry.num_blocks, dtype=np.int32)
@@ -150,7 +284,7 @@ class HostCopyTransfer:
         first rows back in place. Without this, the first restore of each new size pays
         its compile (tens of ms) in the resume it delays.
         """
-        per = max(1, self.chunk_bytes // engine.geometry.block_nbytes)
+        per = self._chunk_blocks(engine.geometry)
         if tier.capacity_blocks == 0:
             return
         sizes = sorted({_bucket(n, tier.capacity_blocks) for n in _powers_of_two(per)})
@@ -175,6 +309,48 @@ class HostCopyTransfer:
                 "host_copy: a tier buffer is not 64-byte aligned; every restore copies it "
                 "first and runs at a fraction of memcpy speed"
             )
+
+
+def _gather(
+    views: Sequence[np.ndarray],
+    buffers: Sequence[np.ndarray],
+    src_ids: np.ndarray,
+    slots: Sequence[int],
+    k: int,
+    lo: int,
+    hi: int,
+) -> list[bytes]:
+    """Copy positions ``lo..hi`` of a chunk from the pool views into the tier buffers.
+
+    ``k`` > 0: piece by piece (``lo`` on a piece boundary), each pool array's rows of a
+    piece hashed right after they are written; returns the piece digests in order.
+    """
+    if not k:
+        for pos, slot, n in contiguous_runs(slots[lo:hi]):
+            ids = src_ids[lo + pos : lo + pos + n]
+            for view, buf in zip(views, buffers, strict=True):
+                np.take(view, ids, axis=0, out=buf[slot : slot + n], mode="clip")
+        return []
+    digests: list[bytes] = []
+    for p in range(lo, hi, k):
+        runs = contiguous_runs(slots[p : min(p + k, hi)])
+        for view, buf in zip(views, buffers, strict=True):
+            for pos, slot, n in runs:
+                ids = src_ids[p + pos : p + pos + n]
+                np.take(view, ids, axis=0, out=buf[slot : slot + n], mode="clip")
+            digests.append(piece_digest(buf, runs))
+    return digests
+
+
+def _hash(
+    buffers: Sequence[np.ndarray], slots: Sequence[int], k: int, lo: int, hi: int
+) -> list[bytes]:
+    """Piece digests of tier rows ``slots[lo:hi]`` (``lo`` on a piece boundary)."""
+    digests: list[bytes] = []
+    for p in range(lo, hi, k):
+        runs = contiguous_runs(slots[p : min(p + k, hi)])
+        digests.extend(piece_digest(buf, runs) for buf in buffers)
+    return digests
 
 
 def _power_of_two_pieces(n: int) -> list[tuple[int, int]]:

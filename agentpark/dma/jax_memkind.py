@@ -86,11 +86,17 @@ class JaxMemkindTransfer:
         return _pow2_floor(self.max_chunk_bytes // max(row_nbytes, 1))
 
     def d2h(
-        self, engine: EngineAdapter, block_ids: Sequence[int], tier: HostTier, slots: Sequence[int]
-    ) -> None:
+        self,
+        engine: EngineAdapter,
+        block_ids: Sequence[int],
+        tier: HostTier,
+        slots: Sequence[int],
+        digest: bool = False,
+    ) -> str | None:
+        """Unfused: returns None, and the mover hashes the tier after the copy."""
         check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
         if not block_ids:
-            return
+            return None
         ids = np.asarray(block_ids, dtype=np.int32)
         for i, buf in enumerate(tier.buffers()):
             step = self._chunk_rows(buf[0].nbytes)
@@ -116,13 +122,20 @@ class JaxMemkindTransfer:
                 for pos, slot, run in contiguous_runs(slots[start : start + n]):
                     buf[slot : slot + run] = rows[pos : pos + run]
                 del rows, on_host
+        return None
 
     def h2d(
-        self, tier: HostTier, slots: Sequence[int], engine: EngineAdapter, block_ids: Sequence[int]
-    ) -> None:
+        self,
+        tier: HostTier,
+        slots: Sequence[int],
+        engine: EngineAdapter,
+        block_ids: Sequence[int],
+        digest: bool = False,
+    ) -> str | None:
+        """Unfused: returns None, and the mover verifies the tier before the copy."""
         check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
         if not block_ids:
-            return
+            return None
         slot_ids = np.asarray(slots, dtype=np.intp)
         out_of_range = engine.geometry.num_blocks
         for i, buf in enumerate(tier.buffers()):
@@ -153,6 +166,7 @@ class JaxMemkindTransfer:
                 except Exception as exc:
                     raise TransferError(f"restore copy (host -> device) failed: {exc}") from exc
                 del rows, on_device, pools
+        return None
 
 
 def _check_pool(pool: jax.Array) -> None:

@@ -357,26 +357,40 @@ class TpuSyncTransfer:
             self._bound_manager()
 
     def d2h(
-        self, engine: EngineAdapter, block_ids: Sequence[int], tier: HostTier, slots: Sequence[int]
-    ) -> None:
+        self,
+        engine: EngineAdapter,
+        block_ids: Sequence[int],
+        tier: HostTier,
+        slots: Sequence[int],
+        digest: bool = False,
+    ) -> str | None:
+        """Unfused: returns None, and the mover hashes the tier after the copy."""
         self._check(engine, block_ids, tier, slots)
         if not block_ids:
-            return
+            return None
         src, dst, sizes = paired_runs(block_ids, slots)
         with engine.lock:
             manager = self._bound_manager()
             self._run("pause (d2h)", manager.d2h, src, dst, sizes)
+        return None
 
     def h2d(
-        self, tier: HostTier, slots: Sequence[int], engine: EngineAdapter, block_ids: Sequence[int]
-    ) -> None:
+        self,
+        tier: HostTier,
+        slots: Sequence[int],
+        engine: EngineAdapter,
+        block_ids: Sequence[int],
+        digest: bool = False,
+    ) -> str | None:
+        """Unfused: returns None, and the mover verifies the tier before the copy."""
         self._check(engine, block_ids, tier, slots)
         if not block_ids:
-            return
+            return None
         src, dst, sizes = paired_runs(slots, block_ids)
         with engine.lock:
             manager = self._bound_manager()
             self._run("restore (h2d)", manager.h2d, src, dst, sizes)
+        return None
 
     # -- internals ----------------------------------------------------------------------------
 

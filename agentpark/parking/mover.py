@@ -12,8 +12,10 @@ medium, destination medium) pair:
                    demotion), or an external engine's host-resident pool
 =================  =====================================================================
 
-Checksums (xxh3) are taken of the copy as it sits in the tier, after it landed, and
-checked before it is restored.
+Checksums (agentpark.integrity) are of the copy as it sits in the tier. With
+``copy(..., hash=True)`` a handler that can hashes each piece while it copies (host_copy:
+the piece is still in cache) and returns the checksum; one that cannot returns None, and
+:meth:`Mover.land` hashes the tier after the copy, :meth:`Mover.restore` before it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from agentpark.dma.base import Transfer
 from agentpark.engine.base import EngineAdapter
 from agentpark.enums import PARKING_TIERS, Medium, TierChoice
 from agentpark.errors import InvalidRequestError, TierFullError, TransferError
-from agentpark.integrity import checksum
+from agentpark.integrity import checksum, fusable, matches
 from agentpark.tiers.base import HostTier
 
 __all__ = ["ArrayPool", "Endpoint", "EnginePool", "Mover", "copy_host_blocks"]
@@ -67,17 +69,25 @@ class ArrayPool:
         return list(self.arrays)
 
 
-Handler = Callable[[Any, Sequence[int], Any, Sequence[int]], None]
+Handler = Callable[[Any, Sequence[int], Any, Sequence[int], bool], str | None]
 
 
 def copy_host_blocks(
-    src: HostBuffers, src_ids: Sequence[int], dst: HostBuffers, dst_ids: Sequence[int]
-) -> None:
-    """Copy ``src`` row ``src_ids[i]`` to ``dst`` row ``dst_ids[i]`` in every buffer."""
+    src: HostBuffers,
+    src_ids: Sequence[int],
+    dst: HostBuffers,
+    dst_ids: Sequence[int],
+    digest: bool = False,
+) -> str | None:
+    """Copy ``src`` row ``src_ids[i]`` to ``dst`` row ``dst_ids[i]`` in every buffer.
+
+    Unfused: returns None even with ``digest`` (the mover hashes the tier itself).
+    """
     starts, dests, sizes = paired_runs(src_ids, dst_ids)
     for src_buf, dst_buf in zip(src.buffers(), dst.buffers(), strict=True):
         for s, d, n in zip(starts, dests, sizes, strict=True):
             np.copyto(dst_buf[d : d + n], src_buf[s : s + n])
+    return None
 
 
 class Mover:
@@ -154,41 +164,102 @@ class Mover:
     # ---- bytes --------------------------------------------------------------------------
 
     def copy(
-        self, src: Endpoint, src_ids: Sequence[int], dst: Endpoint, dst_ids: Sequence[int]
-    ) -> None:
-        """Move blocks ``src_ids[i] -> dst_ids[i]`` with the handler for the two media."""
+        self,
+        src: Endpoint,
+        src_ids: Sequence[int],
+        dst: Endpoint,
+        dst_ids: Sequence[int],
+        hash: bool = False,
+    ) -> str | None:
+        """Move blocks ``src_ids[i] -> dst_ids[i]`` with the handler for the two media.
+
+        ``hash``: return the checksum of the tier side, taken during the copy, or None when
+        the handler cannot fuse it (then nothing was hashed).
+        """
         handler = self._handlers.get((src.medium, dst.medium))
         if handler is None:
             raise TransferError(f"no copy handler from {src.medium} to {dst.medium}")
-        handler(src, src_ids, dst, dst_ids)
+        return handler(src, src_ids, dst, dst_ids, hash)
 
     def _device_to_host(
-        self, src: EnginePool, ids: Sequence[int], dst: HostTier, slots: Sequence[int]
-    ) -> None:
+        self, src: EnginePool, ids: Sequence[int], dst: HostTier, slots: Sequence[int], hash: bool
+    ) -> str | None:
         assert self.transfer is not None
-        self.transfer.d2h(src.engine, ids, dst, slots)
+        if not hash:  # a backend written before ``digest`` existed still copies
+            return self.transfer.d2h(src.engine, ids, dst, slots)
+        return self.transfer.d2h(src.engine, ids, dst, slots, digest=True)
 
     def _host_to_device(
-        self, src: HostTier, slots: Sequence[int], dst: EnginePool, ids: Sequence[int]
-    ) -> None:
+        self, src: HostTier, slots: Sequence[int], dst: EnginePool, ids: Sequence[int], hash: bool
+    ) -> str | None:
         assert self.transfer is not None
-        self.transfer.h2d(src, slots, dst.engine, ids)
+        if not hash:
+            return self.transfer.h2d(src, slots, dst.engine, ids)
+        return self.transfer.h2d(src, slots, dst.engine, ids, digest=True)
 
-    def land(self, tier: HostTier, slots: Sequence[int]) -> str | None:
-        """After a copy into ``tier``: make it durable, return its checksum (or None)."""
+    def checksummed(self, tier: HostTier) -> bool:
+        """Whether copies in ``tier`` get a checksum (``integrity.tiers``)."""
+        return tier.name in self.checksum_tiers
+
+    def land(self, tier: HostTier, slots: Sequence[int], fused: str | None = None) -> str | None:
+        """After a copy into ``tier``: make it durable, return its checksum (or None).
+
+        ``fused``: the checksum the copy returned; taken here from the tier when None.
+        """
         tier.flush()
+        if fused is not None and self.checksummed(tier):
+            return fused
         return self.digest(tier, slots)
 
     def digest(self, tier: HostTier, slots: Sequence[int]) -> str | None:
-        if tier.name in self.checksum_tiers:
+        if self.checksummed(tier):
             return checksum(tier, slots)
         return None
 
+    def restore(
+        self,
+        tier: HostTier,
+        slots: Sequence[int],
+        parked_slots: Sequence[int],
+        dst: Endpoint,
+        ids: Sequence[int],
+        expected: str | None,
+    ) -> bool:
+        """Copy ``slots`` of ``tier`` (a prefix of ``parked_slots``) into ``ids`` of ``dst``.
+
+        False when the parked copy fails its checksum: ``dst``'s blocks then hold no
+        restore and must not be used (the caller recomputes into them or frees them). A
+        whole copy is verified as it goes (the tier is read once); a prefix, or a copy
+        parked under the old checksum, is verified first and not copied if damaged.
+        """
+        if expected is None or not self.checksummed(tier):
+            self.copy(tier, slots, dst, ids)
+            return True
+        if len(slots) != len(parked_slots) or not fusable(expected):
+            if not matches(tier, parked_slots, expected):
+                return False
+            self.copy(tier, slots, dst, ids)
+            return True
+        got = self.copy(tier, slots, dst, ids, hash=True)
+        if got is None:  # unfused backend: the tier is unchanged, hash it now
+            got = checksum(tier, slots)
+        return got == expected
+
+    def same_copy(
+        self, tier: HostTier, slots: Sequence[int], digest: str | None, expected: str | None
+    ) -> bool:
+        """Whether a copy just landed (checksum ``digest``) holds the bytes of ``expected``."""
+        if digest is None or expected is None:
+            return True
+        if fusable(expected):
+            return digest == expected
+        return matches(tier, slots, expected)  # parked under the old checksum
+
     def intact(self, tier: HostTier, slots: Sequence[int], expected: str | None) -> bool:
         """Whether a parked copy still matches the checksum taken when it landed."""
-        if expected is None or tier.name not in self.checksum_tiers:
+        if expected is None or not self.checksummed(tier):
             return True
-        return checksum(tier, slots) == expected
+        return matches(tier, slots, expected)
 
     def measured(self, nbytes: int, elapsed_ms: float) -> None:
         if nbytes > 0 and elapsed_ms > 0:

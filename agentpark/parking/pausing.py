@@ -107,8 +107,8 @@ class Pausing(CoreBase):
         blocks = list(live.block_table)
         try:
             source = self._endpoint()
-            self.mover.copy(source, blocks, dst, slots)
-            digest = self.mover.land(dst, slots)
+            fused = self.mover.copy(source, blocks, dst, slots, hash=self.mover.checksummed(dst))
+            digest = self.mover.land(dst, slots, fused)
         except Exception as exc:
             dst.free(live.key)
             row.state = State.ACTIVE
@@ -216,13 +216,13 @@ class Pausing(CoreBase):
         others = [t for t in candidates if t is not src]
         dst, slots = self.mover.reserve(live.key, others, len(live.slots))
         try:
-            self.mover.copy(src, live.slots, dst, slots)
-            digest = self.mover.land(dst, slots)
+            fused = self.mover.copy(src, live.slots, dst, slots, hash=self.mover.checksummed(dst))
+            digest = self.mover.land(dst, slots, fused)
         except Exception as exc:
             dst.free(live.key)
             self.events.failure(row, EventKind.MOVE_FAILED, exc, at=time.time(), to_tier=dst.name)
             raise as_transfer_error("move", exc) from exc
-        if row.checksum and digest and digest != row.checksum:
+        if not self.mover.same_copy(dst, slots, digest, row.checksum):
             # The copy we moved from was already damaged: do not keep a bad copy.
             dst.free(live.key)
             self.drop_corrupt(live, src.name)

@@ -65,12 +65,10 @@ class Restoring(CoreBase):
         from_tier = row.tier
         row.state = State.RESUMING if parked else State.RECOMPUTING
         try:
-            if parked and not self._verify(live):
+            if parked and not self._restore_copy(live, blocks):
                 parked = False  # the copy is damaged: recompute instead, and say why
                 row.state = State.RECOMPUTING
             if parked:
-                slots = live.slots[: len(blocks)]
-                self.mover.copy(self.tiers[from_tier or ""], slots, self._endpoint(), blocks)
                 restored_from = RestoredFrom(from_tier or "")
             else:
                 if live.tokens:
@@ -114,11 +112,16 @@ class Restoring(CoreBase):
             self.observe_tool_return(live)
         return ResumeResult(row, restored_from, elapsed_ms)
 
-    def _verify(self, live: LiveSession) -> bool:
-        """Check the parked copy against its checksum; a mismatch marks the session LOST."""
+    def _restore_copy(self, live: LiveSession, blocks: list[int]) -> bool:
+        """Copy the parked copy into ``blocks``, checked against its checksum as it goes.
+
+        A mismatch marks the session LOST (its slots freed) and returns False: ``blocks``
+        then hold nothing usable, and the caller recomputes into them.
+        """
         row = live.row
         tier = self.tiers[row.tier or ""]
-        if self.mover.intact(tier, live.slots, row.checksum):
+        slots = live.slots[: len(blocks)]
+        if self.mover.restore(tier, slots, live.slots, self._endpoint(), blocks, row.checksum):
             return True
         self.drop_corrupt(live, tier.name)
         return False

@@ -54,11 +54,12 @@ def test_a_resume_that_is_not_bit_exact_fails_the_bench(
     class Corrupting(HostCopyTransfer):
         """Restores, then flips one bit of the first restored block."""
 
-        def h2d(self, tier, slots, engine, block_ids):  # type: ignore[no-untyped-def]
-            super().h2d(tier, slots, engine, block_ids)
+        def h2d(self, tier, slots, engine, block_ids, digest=False):  # type: ignore[no-untyped-def]
+            got = super().h2d(tier, slots, engine, block_ids, digest)
             with engine.lock:
                 (pool,) = engine.kv_pool()
                 engine.set_kv_pool([pool.at[block_ids[0], 0, 0, 0, 0, 0].add(1)])
+            return got
 
     monkeypatch.setattr(bench, "HostCopyTransfer", Corrupting)
     code = _run(consoles, shm_parent, [64], repeats=1)

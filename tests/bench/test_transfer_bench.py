@@ -47,13 +47,16 @@ def test_each_tier_prints_a_row_per_size_and_round_trips_bit_exact(
     # Disk adds the plain file write and read, and the ratios to them.
     per_row = 9 if tier == "disk" else 5
     for size in ("1 MiB", "2 MiB"):
-        table_row, checksum_row = _rows(text, size)
+        table_row, checksum_row, alone_row = _rows(text, size)
         assert len(re.findall(SPREAD, table_row)) == per_row, table_row
         assert "yes" in table_row  # bit-exact, checked before and after the repeats
-        # xxh3 GB/s and its ratio to copyto, then what it adds to a pause and a restore.
-        assert len(re.findall(SPREAD, checksum_row)) == 2, checksum_row
+        # Checksum on: pause and restore GB/s and ratios, xxh3 alone, then what the checksum
+        # adds to a pause and a restore.
+        assert len(re.findall(SPREAD, checksum_row)) == 5, checksum_row
         assert len(re.findall(r"[+-]\d+%", checksum_row)) == 2, checksum_row
-    assert "what the checksum costs" in text
+        # The copy alone: pause and restore ratios, checksum off and on.
+        assert len(re.findall(SPREAD, alone_row)) == 4, alone_row
+    assert "what the checksum costs" in text and "the copy alone" in text
     assert "no size to judge" in text  # both sizes are below the 256 MiB target threshold
     if tier == "disk":
         assert "page cache" in text and "write GB/s" in text and "pause/write" in text
@@ -61,6 +64,30 @@ def test_each_tier_prints_a_row_per_size_and_round_trips_bit_exact(
         # The bench's temporary directory (and the tier file in it) is gone.
         assert list(directory.iterdir()) == []
         assert f"{tier} tier file in {directory}/agentpark-bench-" in text
+
+
+def test_copy_threads_add_ratios_to_a_threaded_memcpy(consoles: Consoles) -> None:
+    code = bench.run_transfer_bench(
+        [2 * MiB],
+        repeats=2,
+        console=consoles.out,
+        progress_console=consoles.progress,
+        copy_threads=2,
+    )
+    text = consoles.text
+    assert code == 0, text
+    assert "copyto x2 GB/s" in text and "pause/x2" in text and "dma.copy_threads = 2" in text
+    table_row, checksum_row, alone_row = _rows(text, "2 MiB")
+    assert len(re.findall(SPREAD, table_row)) == 5 + 3, table_row
+    assert len(re.findall(SPREAD, checksum_row)) == 5 + 2, checksum_row
+    assert len(re.findall(SPREAD, alone_row)) == 4 + 4, alone_row
+
+
+def test_copy_threads_out_of_range_exit_2(consoles: Consoles) -> None:
+    code = bench.run_transfer_bench(
+        [1 * MiB], 1, console=consoles.out, progress_console=consoles.progress, copy_threads=0
+    )
+    assert code == 2
 
 
 def test_shm_files_live_in_memory(consoles: Consoles, shm_parent: Path) -> None:
@@ -133,13 +160,14 @@ def test_a_restore_that_is_not_bit_exact_fails_the_bench(
     class Corrupting(HostCopyTransfer):
         """Restores, then flips one bit of the first restored block."""
 
-        def h2d(self, tier, slots, engine, block_ids):  # type: ignore[no-untyped-def]
-            super().h2d(tier, slots, engine, block_ids)
+        def h2d(self, tier, slots, engine, block_ids, digest=False):  # type: ignore[no-untyped-def]
+            got = super().h2d(tier, slots, engine, block_ids, digest)
             if tier is not engine_tier[0]:
-                return  # the scratch fill: leave it alone
+                return got  # the scratch fill: leave it alone
             with engine.lock:
                 (pool,) = engine.kv_pool()
                 engine.set_kv_pool([pool.at[block_ids[0], 0, 0, 0, 0, 0].add(1)])
+            return got
 
     engine_tier: list[object] = [None]
     real_stack_build = bench._Stack.build
@@ -269,6 +297,10 @@ def test_verdict_judges_disk_against_the_plain_file() -> None:
     slow.file_write_s, slow.file_read_s = [1.0], [1.0]
     assert "MISSED: pause/file write at 256 MiB (0.50)" in bench._verdict("disk", [slow])
     dram = bench.SizeResult(big, "dram", pause_s=[1.0], restore_s=[1.0])
-    dram.copy_before_pause_s, dram.copy_before_restore_s = [0.8], [0.9]
+    dram.copy_before_pause_s, dram.copy_before_restore_s = [0.8], [0.96]
     assert "MISSED: pause at 256 MiB (0.80)" in bench._verdict("dram", [dram])
     assert "restore" not in bench._verdict("dram", [dram]).split("MISSED")[1]
+    # With the checksum on: judged against the same single-thread np.copyto.
+    on = dram.op("pause+xxh3")
+    on.s, on.ref1 = [1.0], [0.7]
+    assert "pause+xxh3 at 256 MiB (0.70)" in bench._verdict("dram", [dram])

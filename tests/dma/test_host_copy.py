@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+import xxhash
 
-from agentpark.blocks import contiguous_runs
-from agentpark.dma import HostCopyTransfer
+from agentpark import integrity
+from agentpark.blocks import ArraySpec, PoolGeometry, contiguous_runs
+from agentpark.dma import HostCopyTransfer, host_copy
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.tiers.dram import DramTier
 
@@ -104,3 +112,188 @@ def test_warmup_compiles_without_writing(engine: ReferenceEngine) -> None:
     tier.buffers()[0][...] = 7  # anything the warm-up wrote would show up as 7s
     HostCopyTransfer().warmup(engine, tier)
     np.testing.assert_array_equal(np.asarray(engine.kv_pool()[0]), original)
+
+
+# ---- checksums fused into the copy, and copy_threads --------------------------------------
+
+
+class TwoArrayPool:
+    """The EngineAdapter surface host_copy uses, over two pool arrays of different shapes
+    and dtypes (so the checksum's piece-then-array order is exercised)."""
+
+    def __init__(self, num_blocks: int = 24) -> None:
+        self.geometry = PoolGeometry(
+            num_blocks,
+            4,
+            (ArraySpec((4, 6, 8), "uint16"), ArraySpec((4, 3, 5), "float32")),
+        )
+        self.lock = threading.RLock()
+        rng = np.random.default_rng(3)
+        self.original = [
+            rng.integers(0, 255, (num_blocks, spec.block_nbytes), dtype=np.uint8)
+            .view(spec.dtype)
+            .reshape(num_blocks, *spec.block_shape)
+            for spec in self.geometry.arrays
+        ]
+        self._pool = [jnp.asarray(a) for a in self.original]
+
+    def kv_pool(self) -> list[jax.Array]:
+        return list(self._pool)
+
+    def set_kv_pool(self, arrays: list[jax.Array]) -> None:
+        self._pool = list(arrays)
+
+
+def _independent_checksum(tier: DramTier, slots: list[int], k: int) -> str:
+    """The checksum definition, written out again from the tier's bytes alone."""
+    digests = b""
+    for i in range(0, len(slots), k):
+        for buf in tier.buffers():
+            rows = b"".join(buf[s].tobytes() for s in slots[i : i + k])
+            digests += xxhash.xxh3_64_digest(rows)
+    return f"xxh3p:{xxhash.xxh3_64_hexdigest(digests)}"
+
+
+@pytest.fixture
+def three_block_pieces(monkeypatch: pytest.MonkeyPatch) -> Callable[[PoolGeometry], int]:
+    """Pieces of 3 blocks, so copies cross many piece and chunk boundaries."""
+
+    def use(geometry: PoolGeometry) -> int:
+        monkeypatch.setattr(integrity, "PIECE_BYTES", 3 * geometry.block_nbytes)
+        return 3
+
+    return use
+
+
+# Slots in an order with gaps and reversals; the session has 20 blocks, so the last piece
+# is short (20 = 6 x 3 + 2).
+_SLOTS = [*range(10, 17), 2, 3, 30, 29, 28, *range(18, 26)]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("chunk_blocks", [1, 4, 7, 64])
+def test_fused_pause_checksum_equals_an_independent_one_and_the_copy_is_exact(
+    three_block_pieces: Callable[[PoolGeometry], int], threads: int, chunk_blocks: int
+) -> None:
+    engine = TwoArrayPool()
+    k = three_block_pieces(engine.geometry)
+    blocks = [5, 6, 7, 8, 0, 1, 23, 22, 9, 10, 11, 12, 13, 2, 3, 4, 14, 15, 16, 17]
+    tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
+    # A chunk that is no whole number of blocks (and rounds down to whole pieces).
+    dma = HostCopyTransfer(chunk_bytes=chunk_blocks * engine.geometry.block_nbytes + 5)
+    dma.copy_threads = threads
+    digest = dma.d2h(engine, blocks, tier, _SLOTS, digest=True)  # type: ignore[arg-type]
+    for buf, original in zip(tier.buffers(), engine.original, strict=True):
+        np.testing.assert_array_equal(buf[_SLOTS], original[blocks])
+    assert digest == _independent_checksum(tier, _SLOTS, k)
+    assert digest == integrity.checksum(tier, _SLOTS)
+
+
+def test_the_checksum_does_not_depend_on_slots_threads_or_chunks(
+    three_block_pieces: Callable[[PoolGeometry], int],
+) -> None:
+    engine = TwoArrayPool()
+    three_block_pieces(engine.geometry)
+    blocks = list(range(3, 20))
+    seen = set()
+    for threads, chunk_blocks, first in [(1, 64, 0), (2, 3, 5), (4, 6, 11)]:
+        tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
+        tier.allocate("other", first)
+        slots = tier.allocate("s", len(blocks))
+        dma = HostCopyTransfer(chunk_blocks * engine.geometry.block_nbytes, threads)
+        seen.add(dma.d2h(engine, blocks, tier, slots, digest=True))  # type: ignore[arg-type]
+    assert len(seen) == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("chunk_blocks", [2, 7, 64])
+def test_fused_restore_is_bit_exact_and_returns_the_pause_checksum(
+    three_block_pieces: Callable[[PoolGeometry], int], threads: int, chunk_blocks: int
+) -> None:
+    engine = TwoArrayPool()
+    three_block_pieces(engine.geometry)
+    blocks = [5, 6, 7, 8, 0, 1, 23, 22, 9, 10, 11, 12, 13, 2, 3, 4, 14, 15, 16, 17]
+    tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
+    dma = HostCopyTransfer(chunk_blocks * engine.geometry.block_nbytes + 1, threads)
+    parked = dma.d2h(engine, blocks, tier, _SLOTS, digest=True)  # type: ignore[arg-type]
+    # Into other blocks: a long consecutive run (slice writes) and scattered ones.
+    targets = [(b + 3) % 24 for b in blocks]
+    restored = dma.h2d(tier, _SLOTS, engine, targets, digest=True)  # type: ignore[arg-type]
+    assert restored == parked
+    untouched = [b for b in range(24) if b not in targets]
+    for array, original in zip(engine.kv_pool(), engine.original, strict=True):
+        pool = np.asarray(array)
+        np.testing.assert_array_equal(pool[targets], original[blocks])
+        np.testing.assert_array_equal(pool[untouched], original[untouched])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_flipped_byte_in_the_tier_changes_the_restore_checksum(
+    three_block_pieces: Callable[[PoolGeometry], int], threads: int
+) -> None:
+    engine = TwoArrayPool()
+    three_block_pieces(engine.geometry)
+    blocks = list(range(20))
+    tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
+    dma = HostCopyTransfer(copy_threads=threads)
+    parked = dma.d2h(engine, blocks, tier, _SLOTS, digest=True)  # type: ignore[arg-type]
+    tier.buffers()[1][_SLOTS[-1]].view(np.uint8).flat[7] ^= 0x10  # last, short piece
+    assert integrity.checksum(tier, _SLOTS) != parked
+    restored = dma.h2d(tier, _SLOTS, engine, blocks, digest=True)  # type: ignore[arg-type]
+    assert restored is not None and restored != parked
+
+
+def test_without_digest_nothing_is_returned_and_threads_copy_exactly(
+    engine: ReferenceEngine,
+) -> None:
+    original = _fill(engine)
+    blocks = [9, 2, 17, 18, 19, 5, *range(20, 30)]
+    tier = DramTier(engine.geometry, 40 * engine.geometry.block_nbytes)
+    slots = tier.allocate("s", len(blocks))
+    dma = HostCopyTransfer(chunk_bytes=5 * engine.geometry.block_nbytes, copy_threads=2)
+    assert dma.d2h(engine, blocks, tier, slots) is None
+    np.testing.assert_array_equal(tier.buffers()[0][slots], original[blocks])
+    targets = [(b + 1) % 32 for b in blocks]
+    assert dma.h2d(tier, slots, engine, targets) is None
+    np.testing.assert_array_equal(np.asarray(engine.kv_pool()[0])[targets], original[blocks])
+
+
+@pytest.mark.parametrize("threads", [0, 65])
+def test_copy_threads_out_of_range_are_refused(threads: int) -> None:
+    with pytest.raises(ValueError, match=r"copy_threads must be 1\.\.64"):
+        HostCopyTransfer(copy_threads=threads)
+
+
+def test_old_checksums_are_still_verified(engine: ReferenceEngine) -> None:
+    """A copy parked before the per-piece definition carries ``xxh3:``: still checked."""
+    _fill(engine)
+    tier = DramTier(engine.geometry, 8 * engine.geometry.block_nbytes)
+    slots = [4, 5, 1]
+    HostCopyTransfer().d2h(engine, [0, 1, 2], tier, slots)
+    (buf,) = tier.buffers()
+    legacy = f"xxh3:{xxhash.xxh3_64_hexdigest(buf[slots].tobytes())}"
+    assert not integrity.fusable(legacy)
+    assert integrity.matches(tier, slots, legacy)
+    buf[1].view(np.uint8).flat[0] ^= 1
+    assert not integrity.matches(tier, slots, legacy)
+
+
+def test_a_failing_part_waits_for_the_other_threads_before_raising(
+    engine: ReferenceEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy must not return (letting the caller free the slots) while a worker writes."""
+    finished: list[int] = []
+
+    def gather(*args: object) -> list[bytes]:
+        lo = args[-2]
+        if lo == 0:  # the worker's part: slow, then done
+            time.sleep(0.2)
+            finished.append(0)
+            return []
+        raise OSError("injected")  # this thread's part
+
+    monkeypatch.setattr(host_copy, "_gather", gather)
+    tier = DramTier(engine.geometry, 8 * engine.geometry.block_nbytes)
+    with pytest.raises(OSError, match="injected"):
+        HostCopyTransfer(copy_threads=2).d2h(engine, [0, 1, 2, 3], tier, [0, 1, 2, 3])
+    assert finished == [0]

@@ -79,18 +79,28 @@ class FailingTransfer:
         self.inner, self.fail, self.name = inner, fail, "failing"
 
     def d2h(
-        self, engine: EngineAdapter, ids: Sequence[int], tier: HostTier, slots: Sequence[int]
-    ) -> None:
+        self,
+        engine: EngineAdapter,
+        ids: Sequence[int],
+        tier: HostTier,
+        slots: Sequence[int],
+        digest: bool = False,
+    ) -> str | None:
         if self.fail == "d2h":
             raise OSError("injected copy failure")
-        self.inner.d2h(engine, ids, tier, slots)  # type: ignore[attr-defined]
+        return self.inner.d2h(engine, ids, tier, slots, digest)  # type: ignore[attr-defined, no-any-return]
 
     def h2d(
-        self, tier: HostTier, slots: Sequence[int], engine: EngineAdapter, ids: Sequence[int]
-    ) -> None:
+        self,
+        tier: HostTier,
+        slots: Sequence[int],
+        engine: EngineAdapter,
+        ids: Sequence[int],
+        digest: bool = False,
+    ) -> str | None:
         if self.fail == "h2d":
             raise OSError("injected copy failure")
-        self.inner.h2d(tier, slots, engine, ids)  # type: ignore[attr-defined]
+        return self.inner.h2d(tier, slots, engine, ids, digest)  # type: ignore[attr-defined, no-any-return]
 
 
 def _parking_with(runtime: Runtime, fail: str) -> SessionCore:
