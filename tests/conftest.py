@@ -47,6 +47,40 @@ def _unset_agentpark_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
+# JAX's persistent compilation cache, for this test session only (never the product's default):
+# the session's processes (pytest-xdist workers, `agentpark serve` children, which inherit
+# the environment) then compile each step shape once between them. A fresh directory per
+# session, so nothing compiled by an earlier run or another checkout is ever loaded.
+_JAX_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+_jax_cache_dir: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import os
+    import tempfile
+
+    import jax
+
+    global _jax_cache_dir
+    if not hasattr(config, "workerinput"):  # the controller, or a run without xdist
+        _jax_cache_dir = Path(tempfile.mkdtemp(prefix="agentpark-test-jax-cache-"))
+        os.environ[_JAX_CACHE_ENV] = str(_jax_cache_dir)
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # cache every step
+        # A size limit turns on the cache's file lock: processes write it concurrently.
+        os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(1 << 30)
+    # This process imported jax before the variables were set (a worker inherits them).
+    jax.config.update("jax_compilation_cache_dir", os.environ[_JAX_CACHE_ENV])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_compilation_cache_max_size", 1 << 30)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    if _jax_cache_dir is not None:
+        shutil.rmtree(_jax_cache_dir, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No AGENTPARK_* variable of the machine leaks into a test."""
