@@ -99,6 +99,13 @@ def _parser() -> argparse.ArgumentParser:
         help="host_copy's dma.copy_threads; >1 adds ratios to an np.copyto over that many threads",
     )
     transfer.add_argument(
+        "--backend",
+        choices=("host_copy", "tpu_sync"),
+        default="host_copy",
+        help="DMA backend: tpu_sync runs TPU Sync's KVCacheManager (agentpark[tpu]; on "
+        "JAX's CPU platform too), dram tier only, --copy-threads 1 only",
+    )
+    transfer.add_argument(
         "--dir",
         type=Path,
         help="where the tier's temporary directory goes (disk: default the current "
@@ -261,6 +268,7 @@ def _bench_transfer(args: argparse.Namespace) -> int:
         tier=args.tier,
         directory=args.dir,
         copy_threads=args.copy_threads,
+        backend=args.backend,
     )
 
 

@@ -29,6 +29,33 @@ def test_bench_transfer_rejects_an_unknown_tier(capsys: pytest.CaptureFixture[st
     assert "invalid choice" in capsys.readouterr().err
 
 
+def test_bench_transfer_tpu_sync_refuses_another_tier_than_dram(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Refused before anything is built: runs without TPU Sync's wheel too.
+    argv = ["bench", "transfer", "--backend", "tpu_sync", "--tier", "shm", "--sizes", "1MiB"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "--backend tpu_sync" in captured.err and "--tier dram only" in captured.err
+    assert captured.out == ""
+
+
+def test_bench_transfer_tpu_sync_refuses_copy_threads(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "transfer", "--backend", "tpu_sync", "--copy-threads", "2", "--sizes", "1MiB"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "--copy-threads" in captured.err and "--backend tpu_sync" in captured.err
+    assert "got 2" in captured.err
+    assert captured.out == ""
+
+
+def test_bench_transfer_rejects_an_unknown_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "transfer", "--backend", "jax_memkind"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
 def test_bench_resume_from_the_command_line(
     shm_parent: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
