@@ -19,7 +19,7 @@ from agentpark.metrics import Metrics
 from agentpark.parking import CoreOptions, InProcessDriver, SessionCore, drain, in_process_core
 from agentpark.policy.service import PolicyService
 from agentpark.snapshot import HostSnapshot
-from agentpark.store.db import open_database
+from agentpark.store.db import WalCheckpointer, open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
 from agentpark.store.samples import SampleStore
@@ -45,6 +45,7 @@ class Runtime:
     ready: threading.Event = field(default_factory=threading.Event)
     drained: bool = False
     config_path: Path | None = None  # what SIGHUP and /v1/admin/reload read again
+    checkpointer: WalCheckpointer | None = None  # keeps WAL checkpoints off the request path
 
     @classmethod
     def start(cls, settings: Settings, config_path: Path | None = None) -> Runtime:
@@ -97,9 +98,12 @@ class Runtime:
         core.add_listener(metrics.observe)
         sampler = HostSampler(snapshot, SampleStore(db_engine, db_sessions), settings.dashboard)
         policy = PolicyService(core, store, settings.policy)
-        return cls(
+        runtime = cls(
             settings, store, engine, driver, metrics, sampler, policy, ready, False, config_path
         )
+        runtime.checkpointer = WalCheckpointer(db_engine)
+        runtime.checkpointer.start()
+        return runtime
 
     @property
     def parking(self) -> SessionCore:
@@ -151,6 +155,8 @@ class Runtime:
             self.drain()
         for tier in self.parking.tiers.values():
             tier.close()
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
         self.store.close()
 
     def drain(self) -> dict[str, int]:

@@ -126,9 +126,14 @@ class CoreBase:
     def list_events(self, tenant: str, session_id: str | None, limit: int) -> Sequence[EventRow]:
         return self.store.events(tenant, session_id, limit)
 
-    def sessions(self) -> list[tuple[SessionRow, bool]]:
-        """Every live session and whether an operation holds it now (for the policy loop)."""
-        return [(live.row, live.busy) for live in self.registry.all()]
+    def sessions_with_kv(self) -> list[tuple[SessionRow, bool]]:
+        """Live sessions holding KV (in the pool or parked) and whether an operation holds
+        each now: what the policy loop looks at. Sessions without KV are skipped first."""
+        return [
+            (live.row, live.busy)
+            for live in self.registry.all()
+            if live.row.kv_blocks > 0 or live.row.state == State.PARKED
+        ]
 
     def live_sessions(self) -> list[SessionRow]:
         return [live.row for live in self.registry.all()]

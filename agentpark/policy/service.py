@@ -101,7 +101,7 @@ class PolicyService:
                 tier_since=row.tier_since,
                 expected_resume_at=row.expected_resume_at,
             )
-            for row, busy in self.core.sessions()
+            for row, busy in self.core.sessions_with_kv()  # no KV: nothing for a rule to do
         ]
         actions: list[Action] = list(pressure_rule(views, host, cfg))
         chosen = {a.key for a in actions}
