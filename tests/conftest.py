@@ -324,6 +324,19 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         tick.wait(0.005)
 
 
+def settled(daemon: Daemon, session_id: str, state: str, tenant: str = "default") -> bool:
+    """The session shows ``state`` and no operation holds it any more.
+
+    A background operation (a wait=false copy, the policy loop) sets the session's new state
+    a moment before it commits its event and lets go of the session: a test that acts on the
+    new state waits for both.
+    """
+    core = daemon.runtime.parking
+    row = core.get(tenant, session_id)
+    live = core.registry.find((tenant, session_id))
+    return row.state == state and (live is None or not live.busy)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -13,7 +13,7 @@ from agentpark.api.schemas import SessionOut
 from agentpark.client import AgentparkAPIError, AgentparkClient, AsyncAgentparkClient
 from agentpark.config import Settings
 from agentpark.snapshot import HostSnapshot
-from tests.conftest import Daemon, wait_until
+from tests.conftest import Daemon, settled, wait_until
 
 
 def test_a_session_life_cycle_through_the_client(daemon: Daemon) -> None:
@@ -67,10 +67,10 @@ def test_pause_without_waiting_answers_at_once(daemon: Daemon) -> None:
         ap.generate("s", "abc", max_new_tokens=20)
         paused = ap.pause("s", force=True, wait=False)
         assert paused.pause_ms is None and paused.state in ("pausing", "parked")
-        wait_until(lambda: ap.get_session("s").state == "parked")
+        wait_until(lambda: settled(daemon, "s", "parked"))
         resumed = ap.resume("s", wait=False)
         assert resumed.resume_ms is None
-        wait_until(lambda: ap.get_session("s").state == "active")
+        wait_until(lambda: settled(daemon, "s", "active"))
 
 
 def test_list_pages_and_iter_sessions_walks_every_page(daemon: Daemon) -> None:

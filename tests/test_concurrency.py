@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from agentpark.dma.host_copy import HostCopyTransfer
-from tests.conftest import Daemon, wait_until
+from tests.conftest import Daemon, settled, wait_until
 
 FIRST = {"prompt": "Look this up for me, please.", "max_new_tokens": 30}
 NEXT = {"max_new_tokens": 10, "return_logits": True}
@@ -65,7 +65,7 @@ def test_health_and_other_sessions_answer_while_a_pause_is_in_flight(
     assert _state(daemon, "big") == "pausing"  # all of the above answered first
 
     gate.open.set()
-    wait_until(lambda: _state(daemon, "big") == "parked")
+    wait_until(lambda: settled(daemon, "big", "parked"))
     events = c.get("/v1/events", params={"session_id": "big"}).json()["events"]
     assert events[0]["kind"] == "pause" and events[0]["bytes"] > 0
 
@@ -81,14 +81,14 @@ def test_two_sessions_pausing_at_once_both_finish_and_resume_bit_exact(
         assert c.post(f"/v1/sessions/{sid}/pause", params={"wait": "false"}).status_code == 202
     wait_until(lambda: gate.waiting >= 2)  # both copies in flight at the same time
     gate.open.set()
-    wait_until(lambda: _state(daemon, "a") == _state(daemon, "b") == "parked")
+    wait_until(lambda: settled(daemon, "a", "parked") and settled(daemon, "b", "parked"))
     daemon.runtime.driver.check_invariants()
 
     reference = c.post("/v1/sessions/twin/generate", json=NEXT).json()
     for sid in ("a", "b"):
         r = c.post(f"/v1/sessions/{sid}/resume", params={"wait": "false"})
         assert r.status_code == 202 and r.json()["state"] == "resuming"
-    wait_until(lambda: _state(daemon, "a") == _state(daemon, "b") == "active")
+    wait_until(lambda: settled(daemon, "a", "active") and settled(daemon, "b", "active"))
     for sid in ("a", "b"):
         out = c.post(f"/v1/sessions/{sid}/generate", json=NEXT).json()
         assert out["resumed"] is False

@@ -11,7 +11,15 @@ from typing import Any
 import httpx
 
 from agentpark.config import Settings
-from tests.conftest import Daemon, DaemonProcess, free_port, start_daemon, wait_until, write_config
+from tests.conftest import (
+    Daemon,
+    DaemonProcess,
+    free_port,
+    settled,
+    start_daemon,
+    wait_until,
+    write_config,
+)
 
 PROMPT = {"prompt": "Plan the next step, then call a tool.", "max_new_tokens": 20}
 
@@ -68,7 +76,7 @@ def test_the_watermark_parks_least_recently_used_sessions(
     c = daemon.client
     # 3 x 4 blocks = 75% > 60%: the loop parks the least recently used one, then stops.
     _start(c, "a", "b", "c", prompt={"prompt_tokens": [5] * 50, "max_new_tokens": 4})
-    wait_until(lambda: c.get("/v1/sessions/a").json()["state"] == "parked")
+    wait_until(lambda: settled(daemon, "a", "parked"))
     assert _events(c, "a")[0]["reason"] == "pressure"
     assert [c.get(f"/v1/sessions/{s}").json()["state"] for s in ("b", "c")] == ["active"] * 2
 
@@ -82,7 +90,7 @@ def test_a_session_with_an_expected_resume_is_prefetched_before_it(
     paused = c.post("/v1/sessions/s/pause", json={"tool": "search", "expected_resume_s": 1.5})
     assert paused.json()["decision"] == "parked" and paused.json()["state"] == "parked"
     expected_at = time.time() + 1.5
-    wait_until(lambda: c.get("/v1/sessions/s").json()["state"] == "active", timeout=30)
+    wait_until(lambda: settled(daemon, "s", "active"), timeout=30)
     prefetch = next(e for e in _events(c, "s") if e["kind"] == "resume")
     assert prefetch["reason"] == "prefetch"
     back_at = c.get("/v1/sessions/s").json()["last_active_at"]
