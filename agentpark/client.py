@@ -172,15 +172,7 @@ class AgentparkClient:
         self._http = httpx.Client(**_options(base_url, tenant, token, timeout), transport=transport)
 
     def _run(self, call: _Call[T]) -> T:
-        response = self._http.request(
-            call.method,
-            call.path,
-            json=call.json,
-            params=call.params,
-            content=call.content,
-            headers=call.headers,
-        )
-        return call.finish(response)
+        return call.finish(self._http.request(call.method, call.path, **call.options()))
 
     create_session = _Sync(_create_session)
     get_session = _Sync(_get_session)
@@ -247,14 +239,7 @@ class AsyncAgentparkClient:
         self._http = httpx.AsyncClient(**options, transport=transport)
 
     async def _run(self, call: _Call[T]) -> T:
-        response = await self._http.request(
-            call.method,
-            call.path,
-            json=call.json,
-            params=call.params,
-            content=call.content,
-            headers=call.headers,
-        )
+        response = await self._http.request(call.method, call.path, **call.options())
         return call.finish(response)
 
     create_session = _Async(_create_session)

@@ -91,6 +91,15 @@ class _Call(Generic[T]):
     headers: Mapping[str, str] | None = None
     also_ok: tuple[int, ...] = ()  # non-2xx statuses that ``read`` handles itself
 
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of ``httpx.Client.request`` (and the async one's)."""
+        return {
+            "json": self.json,
+            "params": self.params,
+            "content": self.content,
+            "headers": self.headers,
+        }
+
     def finish(self, response: httpx.Response) -> T:
         if not (response.is_success or response.status_code in self.also_ok):
             raise AgentparkAPIError.from_response(response)
