@@ -81,7 +81,7 @@ from agentpark.bench.common import (
 from agentpark.dma import Transfer, select_transfer
 from agentpark.dma.host_copy import MAX_COPY_THREADS, HostCopyTransfer
 from agentpark.dma.jax_memkind import JaxMemkindTransfer
-from agentpark.dma.tpu_sync import tpu_sync_version
+from agentpark.dma.tpu_sync_shm import tpu_sync_version
 from agentpark.engine.base import EngineAdapter
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.integrity import checksum
