@@ -18,6 +18,7 @@ from agentpark.api.handlers import install_error_handlers
 from agentpark.config import Settings
 from agentpark.errors import AgentparkError
 from agentpark.runtime import Runtime
+from agentpark.statedir import StateLock
 
 __all__ = ["create_app"]
 
@@ -40,17 +41,21 @@ def _reload_on_sighup(runtime: Runtime) -> bool:
     return True
 
 
-def create_app(settings: Settings, config_path: Path | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, config_path: Path | None = None, *, state_lock: StateLock | None = None
+) -> FastAPI:
     """Build the app; its lifespan starts the runtime and warms the engine in the background.
 
     Whoever runs the server may set ``app.state.request_shutdown`` (a callable) so that
     ``POST /v1/admin/drain`` can stop it once the sessions are safe. ``config_path`` is
     the file SIGHUP and ``POST /v1/admin/reload`` read the policy from again.
+    ``state_lock``: the state dir's lock, if the caller took it already (the runtime then
+    owns it); otherwise the lifespan's ``Runtime.start`` takes it.
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = Runtime.start(settings, config_path)
+        runtime = Runtime.start(settings, config_path, state_lock=state_lock)
         app.state.runtime = runtime
         warm = threading.Thread(target=runtime.warm_up, name="agentpark-warmup", daemon=True)
         warm.start()

@@ -192,6 +192,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from agentpark.app import create_app
     from agentpark.dma import select_transfer
+    from agentpark.statedir import StateLock
 
     settings = _settings(args)
     server = settings.server.model_copy(
@@ -200,21 +201,30 @@ def _serve(args: argparse.Namespace) -> int:
     settings = settings.model_copy(update={"server": server})
     if settings.dma.backend != "tpu_sync":  # tpu_sync is checked when the engine exists
         select_transfer(settings.dma.backend)  # refuse what this host cannot run, before binding
-    app = create_app(settings, args.config or _env_config())
-    config = uvicorn.Config(app, host=server.host, port=server.port, log_level=settings.log_level)
-    # Leave room for the drain: uvicorn first waits this long for requests in flight.
-    config.timeout_graceful_shutdown = 10
-    daemon = uvicorn.Server(config)
-    app.state.request_shutdown = lambda: setattr(daemon, "should_exit", True)
-    daemon.run()
+    # One daemon per state dir: a second one stops here, naming the holder's pid, before
+    # it binds the port. The runtime owns the lock from its start and drops it at shutdown.
+    lock = StateLock.acquire(settings.state_dir)
+    try:
+        app = create_app(settings, args.config or _env_config(), state_lock=lock)
+        config = uvicorn.Config(
+            app, host=server.host, port=server.port, log_level=settings.log_level
+        )
+        # Leave room for the drain: uvicorn first waits this long for requests in flight.
+        config.timeout_graceful_shutdown = 10
+        daemon = uvicorn.Server(config)
+        app.state.request_shutdown = lambda: setattr(daemon, "should_exit", True)
+        daemon.run()
+    finally:
+        lock.release()  # idempotent; a startup that failed leaves it to this
     return 0
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:
+    from agentpark.statedir import private_dir
     from agentpark.store.migrate import upgrade
 
     settings = _settings(args)
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.state_dir)
     upgrade(settings.database_url)
     print(f"database at head: {settings.database_url}")
     return 0

@@ -73,7 +73,9 @@ class DramTierSettings(_Section):
 
 class ShmTierSettings(_Section):
     capacity: ByteSize = Field(ByteSize(256 * 2**20), ge=0, le=2**50, description="0 disables")
-    path: Path | None = Field(None, description="default /dev/shm/agentpark-<host>-<port>")
+    path: Path | None = Field(
+        None, description="default /dev/shm/agentpark-<host>-<hash of the state_dir>"
+    )
 
 
 class DiskTierSettings(_Section):

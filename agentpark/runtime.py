@@ -19,6 +19,7 @@ from agentpark.metrics import Metrics
 from agentpark.parking import CoreOptions, InProcessDriver, SessionCore, drain, in_process_core
 from agentpark.policy.service import PolicyService
 from agentpark.snapshot import HostSnapshot
+from agentpark.statedir import StateLock
 from agentpark.store.db import WalCheckpointer, open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
@@ -46,11 +47,33 @@ class Runtime:
     drained: bool = False
     config_path: Path | None = None  # what SIGHUP and /v1/admin/reload read again
     checkpointer: WalCheckpointer | None = None  # keeps WAL checkpoints off the request path
+    state_lock: StateLock | None = None  # this daemon's hold on state_dir, dropped at shutdown
 
     @classmethod
-    def start(cls, settings: Settings, config_path: Path | None = None) -> Runtime:
-        """Migrate the database, build every part, re-attach sessions from SQLite."""
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+    def start(
+        cls,
+        settings: Settings,
+        config_path: Path | None = None,
+        *,
+        state_lock: StateLock | None = None,
+    ) -> Runtime:
+        """Lock the state dir, migrate the database, build every part, re-attach sessions.
+
+        ``state_lock``: the lock the caller already took on ``settings.state_dir`` (``agentpark
+        serve`` takes it before binding the port); the runtime owns it from here on. Without
+        one, the runtime takes it: a second daemon on the same state dir gets ConfigError.
+        """
+        lock = state_lock if state_lock is not None else StateLock.acquire(settings.state_dir)
+        try:
+            runtime = cls._build(settings, config_path)
+        except BaseException:
+            lock.release()
+            raise
+        runtime.state_lock = lock
+        return runtime
+
+    @classmethod
+    def _build(cls, settings: Settings, config_path: Path | None) -> Runtime:
         upgrade(settings.database_url)
         db_engine, db_sessions = open_database(settings.database_url)
         store = SessionStore(db_engine, db_sessions)
@@ -148,16 +171,24 @@ class Runtime:
         return fresh.policy
 
     def shutdown(self) -> None:
-        """Finish background copies, drain to persistent tiers if configured, close."""
-        self.policy.stop()
-        self.parking.close()
-        if self.settings.shutdown.drain and not self.drained:
-            self.drain()
-        for tier in self.parking.tiers.values():
-            tier.close()
-        if self.checkpointer is not None:
-            self.checkpointer.stop()
-        self.store.close()
+        """Finish background copies, drain to persistent tiers if configured, close.
+
+        The state dir's lock goes last, even if something before it fails: a new daemon
+        may start as soon as this one has let go of the database and the tier files.
+        """
+        try:
+            self.policy.stop()
+            self.parking.close()
+            if self.settings.shutdown.drain and not self.drained:
+                self.drain()
+            for tier in self.parking.tiers.values():
+                tier.close()
+            if self.checkpointer is not None:
+                self.checkpointer.stop()
+            self.store.close()
+        finally:
+            if self.state_lock is not None:
+                self.state_lock.release()
 
     def drain(self) -> dict[str, int]:
         """Park every session into shm/disk within the configured deadline (idempotent)."""
@@ -178,7 +209,7 @@ def build_tiers(settings: Settings, geometry: PoolGeometry, model_uid: str) -> l
     if cfg.dram.capacity:
         tiers.append(DramTier(geometry, int(cfg.dram.capacity)))
     if cfg.shm.capacity:
-        path = cfg.shm.path or default_shm_path(settings.server.port)
+        path = cfg.shm.path or default_shm_path(settings.state_dir)
         tiers.append(ShmTier(path, geometry, int(cfg.shm.capacity), model_uid))
     if cfg.disk.capacity:
         path = cfg.disk.path or settings.state_dir / "disk-tier.bin"

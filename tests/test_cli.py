@@ -25,7 +25,7 @@ def _free_port() -> int:
 def _env(state_dir: Path, shm_dir: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPARK_")}
     env["AGENTPARK_STATE_DIR"] = str(state_dir)
-    if shm_dir is not None:  # never the default /dev/shm/agentpark-<host>-<port>
+    if shm_dir is not None:  # never the default /dev/shm/agentpark-<host>-<hash>
         env["AGENTPARK_TIERS__SHM__PATH"] = str(shm_dir / "tier")
     env["AGENTPARK_POOL__NUM_BLOCKS"] = "32"
     env["PYTHONUNBUFFERED"] = "1"

@@ -26,10 +26,11 @@ AUTOCHECKPOINT_PAGES = 10_000  # ~40 MiB of log: only if the checkpointer falls 
 
 
 def open_database(url: str) -> tuple[Engine, sessionmaker[Session]]:
-    """Create the engine (parent folder too) with WAL, foreign keys and a busy timeout."""
+    """Create the engine (parent folder and a 0600 file too) with WAL, foreign keys and a
+    busy timeout."""
     parsed = make_url(url)
     if parsed.drivername.startswith("sqlite") and parsed.database not in (None, "", ":memory:"):
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        _private_sqlite_files(Path(parsed.database))
     engine = create_engine(url, connect_args={"check_same_thread": False})
 
     @event.listens_for(engine, "connect")
@@ -43,6 +44,21 @@ def open_database(url: str) -> tuple[Engine, sessionmaker[Session]]:
         cur.close()
 
     return engine, sessionmaker(engine, expire_on_commit=False)
+
+
+def _private_sqlite_files(path: Path) -> None:
+    """The database file and its -wal/-shm: 0600 whatever the umask.
+
+    SQLite creates a new database file 0644 (it fchmods past the umask) but gives the
+    -wal and -shm files it makes later the database file's own mode; so the file is made
+    here first, 0600, and files an older version left looser are tightened.
+    """
+    from agentpark.statedir import private_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    private_file(path)
+    for suffix in ("-wal", "-shm", "-journal"):
+        private_file(path.with_name(path.name + suffix), create=False)
 
 
 class WalCheckpointer:

@@ -11,10 +11,15 @@ On start an existing file is re-attached only if it is ours (owner, mode 0600) a
 header matches this daemon exactly. Anything else is refused loudly: the file is moved
 aside (never deleted), the reason is logged and kept in ``attach_problem``, and the tier
 starts empty; sessions that were parked in it become LOST and are recomputed.
+
+While a daemon has the file open it holds an exclusive ``flock`` on it: a second daemon
+configured onto the same file is refused at start (ConfigError), before it looks at it.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import mmap
@@ -136,29 +141,65 @@ class FileTier(SlotTier):
                 return f"{key} is {header.get(key)!r}, this daemon has {expected[key]!r}"
         return None
 
+    def _lock(self, fd: int) -> None:
+        """Hold an exclusive flock on the file for as long as it is open (mmap included).
+
+        A second daemon pointed at the same file stops with ConfigError instead of
+        sharing (or moving aside) slots the first one is using. The kernel drops the lock
+        when the holder dies, so a crashed daemon's file is re-attached as before.
+        """
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            os.close(fd)
+            raise ConfigError(
+                f"tiers.{self.name}: {self.path} is in use by another agentpark daemon (the "
+                f"file is locked); give each daemon its own state_dir or tiers.{self.name}.path",
+                path=str(self.path),
+            ) from None
+
     def _open(self) -> int:
-        if self.path.exists():
-            problem = self._mismatch()
-            if problem is None:
-                self.reattached = True
-                log.info("%s tier: re-attached %s", self.name, self.path)
-                return os.open(self.path, os.O_RDWR)
-            aside = self.path.with_name(f"{self.path.name}.mismatch-{time.time_ns()}")
-            self.path.rename(aside)
-            self.attach_problem = f"{self.path}: {problem}"
-            log.error(
-                "%s tier: refusing to attach %s: %s; moved it to %s and starting empty",
-                self.name,
-                self.path,
-                problem,
-                aside,
-            )
+        if not self.path.exists():
+            return self._create()
+        fd: int | None = None
+        if self.path.stat().st_uid == os.geteuid():  # never lock (or wait on) a stranger's file
+            try:
+                fd = os.open(self.path, os.O_RDWR)
+            except PermissionError:
+                fd = None
+            if fd is not None:
+                self._lock(fd)  # closes fd and raises if another daemon holds it
+        problem = self._mismatch()
+        if problem is None and fd is None:
+            problem = "cannot be opened read-write"
+        if problem is None:
+            assert fd is not None
+            self.reattached = True
+            log.info("%s tier: re-attached %s", self.name, self.path)
+            return fd
+        aside = self.path.with_name(f"{self.path.name}.mismatch-{time.time_ns()}")
+        self.path.rename(aside)
+        if fd is not None:
+            os.close(fd)
+        self.attach_problem = f"{self.path}: {problem}"
+        log.error(
+            "%s tier: refusing to attach %s: %s; moved it to %s and starting empty",
+            self.name,
+            self.path,
+            problem,
+            aside,
+        )
         return self._create()
 
     def _create(self) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self._lock(fd)  # another daemon opened it in the instant since: it is theirs now
         try:
+            if os.fstat(fd).st_mode & 0o077:  # O_CREAT's mode is masked, never widened; still
+                os.fchmod(fd, 0o600)
             body = json.dumps({**self.expected_header(), "created_at": time.time()}).encode()
             if _PREFIX.size + len(body) > HEADER_BYTES:
                 raise ConfigError(f"{self.name} tier header does not fit in {HEADER_BYTES} bytes")

@@ -6,6 +6,7 @@ pause never page-faults its way through the copy.
 
 from __future__ import annotations
 
+import hashlib
 import socket
 from pathlib import Path
 
@@ -16,9 +17,15 @@ from agentpark.tiers.filetier import FileTier
 __all__ = ["ShmTier", "default_shm_path"]
 
 
-def default_shm_path(port: int) -> Path:
-    """One file per daemon: /dev/shm/agentpark-<host>-<port>."""
-    return Path("/dev/shm") / f"agentpark-{socket.gethostname()}-{port}"
+def default_shm_path(state_dir: Path) -> Path:
+    """One file per state dir: /dev/shm/agentpark-<host>-<first 12 hex of sha256(state dir)>.
+
+    Keyed on the resolved state dir, not the port: two daemons with their own state dirs
+    never share a file (``--port 0`` included), and a daemon restarted on another port
+    finds its parked sessions again.
+    """
+    digest = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:12]
+    return Path("/dev/shm") / f"agentpark-{socket.gethostname()}-{digest}"
 
 
 class ShmTier(FileTier):
