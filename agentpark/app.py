@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from agentpark import __version__
 from agentpark.api import admin, dashboard, host, metrics, sessions
-from agentpark.api.handlers import install_error_handlers
+from agentpark.api.handlers import BodyLimitMiddleware, install_error_handlers
 from agentpark.config import Settings
 from agentpark.errors import AgentparkError
 from agentpark.runtime import Runtime
@@ -77,6 +77,7 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.include_router(sessions.router)
     app.include_router(host.router)
     app.include_router(admin.router)

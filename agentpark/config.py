@@ -172,6 +172,12 @@ class DmaSettings(_Section):
 
 class LimitSettings(_Section):
     max_new_tokens: int = Field(512, ge=1, le=1_048_576)
+    max_body_bytes: int = Field(
+        1_048_576, ge=1024, le=1_073_741_824, description="largest request body; more is 413"
+    )
+    max_metadata_bytes: int = Field(
+        65_536, ge=0, le=1_073_741_824, description="largest session metadata (JSON); 413"
+    )
 
 
 class DownsampleRule(_Section):

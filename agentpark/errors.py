@@ -12,6 +12,7 @@ The hierarchy::
     │   └── InvalidStateError           409 invalid_state
     ├── InvalidRequestError             422 invalid_request
     │   └── LimitExceededError          422 limit_exceeded
+    ├── PayloadTooLargeError            413 payload_too_large
     ├── CapacityError                   507
     │   ├── PoolFullError               507 pool_full
     │   └── TierFullError               507 tier_full
@@ -44,6 +45,7 @@ __all__ = [
     "LimitExceededError",
     "NotFoundError",
     "NotReadyError",
+    "PayloadTooLargeError",
     "PoolFullError",
     "SessionBusyError",
     "SessionExistsError",
@@ -149,6 +151,13 @@ class LimitExceededError(InvalidRequestError):
     """The request can never succeed on this host: it exceeds a model or pool limit."""
 
     code = "limit_exceeded"
+
+
+class PayloadTooLargeError(AgentparkError):
+    """The request body, or a part of it, is over a configured size limit."""
+
+    status = 413
+    code = "payload_too_large"
 
 
 class CapacityError(AgentparkError):

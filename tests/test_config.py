@@ -178,6 +178,8 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         "dma.tpu_sync_shm": "true",
         "dma.copy_threads": "2",
         "limits.max_new_tokens": "64",
+        "limits.max_body_bytes": "4096",
+        "limits.max_metadata_bytes": "1024",
         "dashboard.host_label": "gpu-7",
         "dashboard.sample_interval_s": "5",
         "dashboard.retention_h": "72",

@@ -55,14 +55,26 @@ WEEK_S = 7 * 24 * 3600.0
 
 Since = Annotated[
     float,
-    Query(description="epoch seconds, or negative: that many seconds before now"),
+    Query(
+        allow_inf_nan=False,
+        description="epoch seconds, or negative: that many seconds before now; finite",
+    ),
 ]
 Until = Annotated[
-    float | None, Query(description="epoch seconds, or negative: before now; default now")
+    float | None,
+    Query(
+        allow_inf_nan=False,
+        description="epoch seconds, or negative: before now; default now; finite",
+    ),
 ]
 Step = Annotated[
     float | None,
-    Query(ge=0.0, le=WEEK_S, description="seconds per point (merged on the fly); default raw"),
+    Query(
+        ge=0.0,
+        le=WEEK_S,
+        allow_inf_nan=False,
+        description="seconds per point (merged on the fly); default raw",
+    ),
 ]
 
 
@@ -94,7 +106,7 @@ def get_history(
 @router.get("/v1/host/latency", tags=["host"], responses=error_responses(InvalidRequestError))
 def get_latency(
     runtime: RuntimeDep,
-    window_s: Annotated[float, Query(gt=0.0, le=WEEK_S)] = 900.0,
+    window_s: Annotated[float, Query(gt=0.0, le=WEEK_S, allow_inf_nan=False)] = 900.0,
 ) -> LatencyResponse:
     """Pause and resume latency p50/p99 and bandwidth over the last ``window_s`` seconds."""
     return _latency(runtime, window_s)

@@ -1,4 +1,8 @@
-"""Turns every error into the one JSON shape: {"error": {"code", "message", "details"?}}."""
+"""Turns every error into the one JSON shape: {"error": {"code", "message", "details"?}}.
+
+Also the request body limit (``limits.max_body_bytes``): a pure ASGI middleware that
+answers 413 in that shape before any route reads the body.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agentpark.errors import AgentparkError
+from agentpark.errors import AgentparkError, PayloadTooLargeError
 
-__all__ = ["install_error_handlers"]
+__all__ = ["BodyLimitMiddleware", "install_error_handlers"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def on_http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        unreadable = _unreadable_body(exc)
+        if unreadable is not None:
+            body = {"error": {"code": "invalid_request", "message": unreadable}}
+            return JSONResponse(body, status_code=422)
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         body = {"error": {"code": code, "message": str(exc.detail)}}
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
@@ -46,6 +55,92 @@ def install_error_handlers(app: FastAPI) -> None:
         log.exception("unhandled error", exc_info=exc)
         body = {"error": {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}}
         return JSONResponse(body, status_code=500)
+
+
+def _unreadable_body(exc: HTTPException) -> str | None:
+    """Why FastAPI could not decode a JSON body (its 400), as a 422 message; else None.
+
+    FastAPI turns a decode failure other than bad JSON syntax into a 400 raised from the
+    cause: bytes that are not UTF-8, or nesting deeper than the decoder recurses.
+    """
+    if exc.status_code != 400:
+        return None
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the body is not valid UTF-8 (byte {cause.start})"
+    if isinstance(cause, RecursionError):
+        return "the body is JSON nested too deeply to decode"
+    if cause is not None:
+        return f"the body could not be decoded as JSON ({type(cause).__name__})"
+    return None
+
+
+class BodyLimitMiddleware:
+    """Refuse a request whose body is over ``max_bytes`` with 413 ``payload_too_large``.
+
+    A declared Content-Length over the limit is refused before reading; a body without
+    one (chunked) is read up to the limit and refused as soon as it passes it. A body
+    within the limit is buffered and handed on unchanged, so nothing downstream (a route,
+    the store) ever sees a refused request.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                await self.app(scope, _replay([], message), send)
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._refuse(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([body], None, receive), send)
+
+    async def _refuse(self, send: Send) -> None:
+        error = PayloadTooLargeError(
+            f"the request body is over limits.max_body_bytes ({self.max_bytes} bytes)",
+            max_body_bytes=self.max_bytes,
+        )
+        response = JSONResponse(error.to_body(), status_code=error.status)
+        await response({"type": "http"}, _nothing, send)
+
+
+async def _nothing() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def _replay(messages: list[Message], last: Message | None, then: Receive | None = None) -> Receive:
+    """A receive that gives ``messages``, then ``last`` (or whatever ``then`` gives)."""
+    queue = list(messages)
+
+    async def receive() -> Message:
+        if queue:
+            return queue.pop(0)
+        if last is not None:
+            return last
+        if then is not None:
+            return await then()
+        return {"type": "http.disconnect"}
+
+    return receive
 
 
 def _clean(error: Any) -> dict[str, Any]:

@@ -8,6 +8,8 @@ These are wire models only: they import nothing from the store or the session co
 from __future__ import annotations
 
 import base64
+import math
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
@@ -35,8 +37,58 @@ __all__ = [
 ]
 
 
+# The longest pause a caller may announce: 30 days. Beyond it the deadline means nothing
+# to the policy, and a far one (1e12 s) does not fit a datetime.
+MAX_EXPECTED_RESUME_S = 30 * 24 * 3600.0
+
+
+def _surrogate_at(value: Any, where: str = "body") -> str | None:
+    """Where in ``value`` a string holds a lone surrogate (not Unicode text), if anywhere."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _surrogate_at(key, f"{where} (a key)") or _surrogate_at(item, f"{where}.{key}")
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _surrogate_at(item, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _repaired(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings (and keys) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_repaired(k): _repaired(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_repaired(v) for v in value]
+    return value
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        # A lone surrogate (JSON "\ud800") decodes into a str that cannot be encoded
+        # back: refused here, before anything is stored, wherever it is in the body.
+        where = _surrogate_at(data)
+        if where is not None:
+            raise ValueError(f"{where} is not valid Unicode text (a lone surrogate)")
+        return data
 
 
 class SessionCreate(_Request):
@@ -65,13 +117,41 @@ class GenerateRequest(_Request):
 
 class PauseRequest(_Request):
     tool: str | None = Field(None, max_length=128, description="the tool the agent is running")
-    expected_resume_s: float | None = Field(None, ge=0.0)
+    expected_resume_s: float | None = Field(
+        None,
+        ge=0.0,
+        le=MAX_EXPECTED_RESUME_S,
+        allow_inf_nan=False,
+        description="seconds until the agent is expected back: finite, 0..2592000 (30 days)",
+    )
     tier: TierChoice = Field(TierChoice.AUTO, description="auto: the fastest tier with room")
     force: bool = Field(False, description="park even when the policy would keep it")
 
 
+_MIN_TS = datetime.min.replace(tzinfo=UTC)
+_MAX_TS = datetime.max.replace(tzinfo=UTC)
+
+
 def _ts(value: float | None) -> datetime | None:
-    return None if value is None else datetime.fromtimestamp(value, UTC)
+    """An optional stored time; one no datetime can hold (NaN, inf, past year 9999, written
+    by a version that did not bound expected_resume_s) reads as null: repaired on read."""
+    if value is None or not math.isfinite(value):
+        return None
+    try:
+        return datetime.fromtimestamp(value, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _ts_required(value: float) -> datetime:
+    """A required stored time; out of range it is clamped (to year 1 or 9999, NaN to the
+    epoch) rather than raise: repaired on read, so such a row cannot answer 500."""
+    found = _ts(value)
+    if found is not None:
+        return found
+    if math.isnan(value):
+        return datetime.fromtimestamp(0, UTC)
+    return _MIN_TS if value < 0 else _MAX_TS
 
 
 _E = TypeVar("_E", bound=StrEnum)
@@ -172,14 +252,15 @@ class SessionOut(BaseModel):
             num_tokens=row.num_tokens,
             kv_blocks=row.kv_blocks,
             kv_bytes=row.kv_bytes,
-            created_at=datetime.fromtimestamp(row.created_at, UTC),
-            last_active_at=datetime.fromtimestamp(row.last_active_at, UTC),
+            created_at=_ts_required(row.created_at),
+            last_active_at=_ts_required(row.last_active_at),
             paused_at=_ts(row.paused_at),
             pause_count=row.pause_count,
-            tool=row.tool,
+            # Text stored before lone surrogates were refused: U+FFFD in their place.
+            tool=_repaired(row.tool),
             expected_resume_at=_ts(row.expected_resume_at),
             lost_reason=row.lost_reason,
-            metadata=row.meta or {},
+            metadata=_repaired(row.meta or {}),
         )
 
 
@@ -269,7 +350,7 @@ class EventOut(BaseModel):
             id=row.id,
             session_id=row.session_id,
             kind=EventKind(row.kind),
-            at=datetime.fromtimestamp(row.at, UTC),
+            at=_ts_required(row.at),
             duration_ms=row.duration_ms,
             bytes=row.bytes,
             from_state=_opt(State, row.from_state),

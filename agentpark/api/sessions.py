@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Response, status
 
-from agentpark.api.deps import ParkingDep, ReadyDriverDep, ReadyParkingDep, TenantDep
+from agentpark.api.deps import (
+    ParkingDep,
+    ReadyDriverDep,
+    ReadyParkingDep,
+    RuntimeDep,
+    TenantDep,
+)
 from agentpark.api.schemas import (
     GenerateRequest,
     GenerateResponse,
@@ -26,6 +33,7 @@ from agentpark.errors import (
     InvalidStateError,
     LimitExceededError,
     NotReadyError,
+    PayloadTooLargeError,
     PoolFullError,
     SessionBusyError,
     SessionExistsError,
@@ -49,14 +57,32 @@ _OPERATION = (SessionBusyError, InvalidStateError)
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
-    responses=error_responses(SessionExistsError, InvalidRequestError, NotReadyError),
+    responses=error_responses(
+        SessionExistsError, InvalidRequestError, NotReadyError, PayloadTooLargeError
+    ),
 )
 def create_session(
-    parking: ParkingDep, tenant: TenantDep, body: Annotated[SessionCreate | None, Body()] = None
+    runtime: RuntimeDep,
+    parking: ParkingDep,
+    tenant: TenantDep,
+    body: Annotated[SessionCreate | None, Body()] = None,
 ) -> SessionOut:
     """Create an empty, active session; an id is generated when none is given."""
     body = body or SessionCreate()
+    if body.metadata is not None:
+        _check_metadata_size(body.metadata, runtime.settings.limits.max_metadata_bytes)
     return SessionOut.of(parking.create(tenant, body.session_id, body.metadata))
+
+
+def _check_metadata_size(metadata: dict[str, Any], limit: int) -> None:
+    """413 when the metadata, as stored (compact JSON, UTF-8), is over ``limit`` bytes."""
+    size = len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > limit:
+        raise PayloadTooLargeError(
+            f"metadata is {size} bytes; limits.max_metadata_bytes is {limit}",
+            max_metadata_bytes=limit,
+            metadata_bytes=size,
+        )
 
 
 @router.get("", responses=error_responses(InvalidRequestError))
@@ -73,13 +99,20 @@ def list_sessions(
     return SessionPage(sessions=[SessionOut.of(r) for r in rows], next_cursor=next_cursor)
 
 
+_MAX_CURSOR = 2**63 - 1  # a sequence number is a SQLite INTEGER
+
+
 def _after(cursor: str | None) -> int:
     """The sequence number a cursor (a previous page's next_cursor) stands for."""
     if cursor is None:
         return 0
-    if not cursor.isdigit():
+    # ASCII digits only ("²".isdigit() is true) and at most 19 of them before int().
+    if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 19):
+        raise InvalidRequestError("cursor is not one this API returned", cursor=cursor[:64])
+    value = int(cursor)
+    if value > _MAX_CURSOR:
         raise InvalidRequestError("cursor is not one this API returned", cursor=cursor)
-    return int(cursor)
+    return value
 
 
 @router.get("/{session_id}", responses=error_responses(*_ONE_SESSION))
@@ -102,7 +135,13 @@ def delete_session(parking: ParkingDep, tenant: TenantDep, session_id: str) -> R
 @router.post(
     "/{session_id}/generate",
     responses=error_responses(
-        *_ONE_SESSION, *_OPERATION, LimitExceededError, NotReadyError, PoolFullError, TransferError
+        *_ONE_SESSION,
+        *_OPERATION,
+        LimitExceededError,
+        NotReadyError,
+        PayloadTooLargeError,
+        PoolFullError,
+        TransferError,
     ),
 )
 def generate_tokens(
@@ -142,7 +181,14 @@ WaitQuery = Annotated[
     "/{session_id}/pause",
     responses={
         202: {"model": PauseResponse, "description": "wait=false: the copy is in flight"},
-        **error_responses(*_ONE_SESSION, *_OPERATION, NotReadyError, TierFullError, TransferError),
+        **error_responses(
+            *_ONE_SESSION,
+            *_OPERATION,
+            NotReadyError,
+            PayloadTooLargeError,
+            TierFullError,
+            TransferError,
+        ),
     },
 )
 def pause_session(
@@ -201,7 +247,12 @@ def resume_session(
 @router.post(
     "/{session_id}/move",
     responses=error_responses(
-        *_ONE_SESSION, *_OPERATION, NotReadyError, TierFullError, TransferError
+        *_ONE_SESSION,
+        *_OPERATION,
+        NotReadyError,
+        PayloadTooLargeError,
+        TierFullError,
+        TransferError,
     ),
 )
 def move_session(

@@ -8,12 +8,14 @@ flight runs against a real server.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from agentpark.api.schemas import ResumeResponse
+from agentpark.api.schemas import ResumeResponse, SessionOut
 from agentpark.client import AgentparkAPIError, AgentparkClient
 from agentpark.config import Settings
 from tests.conftest import Daemon, InProcessApp, wait_until
@@ -238,3 +240,222 @@ def test_pause_while_a_resume_is_in_flight_is_409(daemon: Daemon) -> None:
     assert results[0].resume_ms is not None and results[0].restored_from == "dram"
     assert c.get_session("s").state == "active"
     c.close()
+
+
+# ---- input that used to reach a 500, or a 500 after a refusal that stored something -----
+
+
+def _raw(c: AgentparkClient, method: str, path: str, body: bytes) -> Callable[[], object]:
+    """A call that sends ``body`` exactly as given (invalid JSON for Python's json module)."""
+    headers = {"content-type": "application/json"}
+    return lambda: c.request(method, path, content=body, headers=headers)
+
+
+def _everything(c: AgentparkClient) -> dict[str, Any]:
+    host = c.host()
+    sessions = [s.model_dump(exclude={"last_active_at"}) for s in c.list_sessions().sessions]
+    return {"sessions": sessions, "pool": host.pool, "tiers": host.tiers}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"expected_resume_s": 1e12, "force": true}',
+        b'{"expected_resume_s": 1e300, "force": true}',
+        b'{"expected_resume_s": Infinity, "force": true}',
+        b'{"expected_resume_s": NaN, "force": true}',
+        b'{"expected_resume_s": 2592001, "force": true}',
+    ],
+)
+def test_pause_with_an_absurd_expected_resume_s_is_422(warm: AgentparkClient, body: bytes) -> None:
+    before = _everything(warm)
+    _error(_raw(warm, "POST", "/v1/sessions/s/pause", body), 422, "invalid_request")
+    assert _everything(warm) == before
+    assert warm.get_session("s").state == "active"
+
+
+def test_pause_with_thirty_days_expected_is_accepted(warm: AgentparkClient) -> None:
+    out = warm.request(
+        "POST", "/v1/sessions/s/pause", json={"expected_resume_s": 2_592_000, "force": True}
+    )
+    assert out.status_code == 200
+    assert warm.get_session("s").expected_resume_at is not None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("expected_resume_at", 1e13),
+        ("expected_resume_at", float("inf")),
+        ("expected_resume_at", float("nan")),
+        ("paused_at", -1e300),
+        ("created_at", 1e300),
+        ("last_active_at", float("nan")),
+    ],
+)
+def test_a_stored_timestamp_out_of_range_is_repaired_on_read(field: str, value: float) -> None:
+    # Rows written by older versions (no bound on expected_resume_s) must not 500 on GET.
+    row = SimpleNamespace(
+        session_id="s",
+        tenant="t",
+        state="parked",
+        tier="dram",
+        num_tokens=1,
+        kv_blocks=1,
+        kv_bytes=4096,
+        created_at=1_700_000_000.0,
+        last_active_at=1_700_000_000.0,
+        paused_at=1_700_000_000.0,
+        pause_count=1,
+        tool=None,
+        expected_resume_at=None,
+        lost_reason=None,
+        meta=None,
+    )
+    setattr(row, field, value)
+    out = SessionOut.of(row)
+    got = getattr(out, field)
+    if field in ("created_at", "last_active_at"):  # required: clamped into range
+        clamped = {1e300: datetime.max.replace(tzinfo=UTC)}  # NaN: the epoch
+        assert got == clamped.get(value, datetime.fromtimestamp(0, UTC))
+    else:
+        assert got is None
+    out.model_dump_json()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"session_id": "o2", "metadata": {"x": "\\ud800"}}',
+        b'{"session_id": "o2", "metadata": {"\\udfff": 1}}',
+        b'{"session_id": "o2", "metadata": {"x": [{"y": ["ok", "\\ud800z"]}]}}',
+    ],
+)
+def test_create_with_a_lone_surrogate_is_422_and_stores_nothing(
+    warm: AgentparkClient, body: bytes
+) -> None:
+    before = _everything(warm)
+    error = _error(_raw(warm, "POST", "/v1/sessions", body), 422, "invalid_request")
+    assert "surrogate" in error.message
+    assert _everything(warm) == before
+    _error(lambda: warm.get_session("o2"), 404, "session_not_found")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/sessions/s/generate", b'{"prompt": "\\ud800"}'),
+        ("/v1/sessions/s/pause", b'{"tool": "\\ud800", "force": true}'),
+    ],
+)
+def test_a_lone_surrogate_in_a_prompt_or_tool_is_422(
+    warm: AgentparkClient, path: str, body: bytes
+) -> None:
+    before = _everything(warm)
+    _error(_raw(warm, "POST", path, body), 422, "invalid_request")
+    assert _everything(warm) == before
+
+
+def test_stored_metadata_with_a_lone_surrogate_is_repaired_on_read() -> None:
+    row = SimpleNamespace(
+        session_id="s",
+        tenant="t",
+        state="active",
+        tier=None,
+        num_tokens=0,
+        kv_blocks=0,
+        kv_bytes=0,
+        created_at=1_700_000_000.0,
+        last_active_at=1_700_000_000.0,
+        paused_at=None,
+        pause_count=0,
+        tool="t\ud800",
+        expected_resume_at=None,
+        lost_reason=None,
+        meta={"x\udfff": ["\ud800", {"y": "ok"}]},
+    )
+    out = SessionOut.of(row)
+    assert out.metadata == {"x\ufffd": ["\ufffd", {"y": "ok"}]}
+    assert out.tool == "t\ufffd"
+    out.model_dump_json().encode("utf-8")
+
+
+@pytest.mark.parametrize(
+    "cursor", ["99999999999999999999999", "9223372036854775808", "\u00b2", "-1", "1.5"]
+)
+def test_a_cursor_out_of_range_is_422(warm: AgentparkClient, cursor: str) -> None:
+    before = _everything(warm)
+    _error(lambda: warm.list_sessions(cursor=cursor), 422, "invalid_request")
+    assert _everything(warm) == before
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["since=inf", "since=nan", "since=-inf", "until=inf", "until=nan", "since=0&until=nan"],
+)
+def test_history_window_must_be_finite(warm: AgentparkClient, query: str) -> None:
+    _error(lambda: warm.request("GET", f"/v1/host/history?{query}"), 422, "invalid_request")
+
+
+@pytest.mark.parametrize("query", ["since=nan", "step=nan", "since=inf"])
+def test_peers_window_must_be_finite(warm: AgentparkClient, query: str) -> None:
+    _error(lambda: warm.request("GET", f"/v1/peers?{query}"), 422, "invalid_request")
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (b'{"session_id": "o3", "metadata": {"x": "\xff\xfe"}}', "UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested"),
+    ],
+)
+def test_an_undecodable_or_too_deep_body_is_422(
+    warm: AgentparkClient, body: bytes, words: str
+) -> None:
+    before = _everything(warm)
+    error = _error(_raw(warm, "POST", "/v1/sessions", body), 422, "invalid_request")
+    assert words in error.message
+    assert _everything(warm) == before
+
+
+def test_a_body_over_max_body_bytes_is_413(shared_app: InProcessApp, warm: AgentparkClient) -> None:
+    limit = shared_app.settings.limits.max_body_bytes
+    before = _everything(warm)
+    body = b'{"prompt": "' + b"a" * limit + b'"}'
+    error = _error(_raw(warm, "POST", "/v1/sessions/s/generate", body), 413, "payload_too_large")
+    assert error.details["max_body_bytes"] == limit and str(limit) in error.message
+    assert _everything(warm) == before
+
+
+def test_a_chunked_body_over_max_body_bytes_is_413(
+    shared_app: InProcessApp, warm: AgentparkClient
+) -> None:
+    limit = shared_app.settings.limits.max_body_bytes
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"session_id": "big", "metadata": {"x": "'
+        for _ in range(limit // 65_536 + 1):
+            yield b"a" * 65_536
+        yield b'"}}'
+
+    before = _everything(warm)
+    headers = {"content-type": "application/json"}
+    call = lambda: warm.request("POST", "/v1/sessions", content=chunks(), headers=headers)  # noqa: E731
+    _error(call, 413, "payload_too_large")
+    assert _everything(warm) == before
+
+
+def test_metadata_over_max_metadata_bytes_is_413(
+    shared_app: InProcessApp, warm: AgentparkClient
+) -> None:
+    limit = shared_app.settings.limits.max_metadata_bytes
+    before = _everything(warm)
+    body = {"session_id": "big", "metadata": {"x": "a" * limit}}
+    error = _error(
+        lambda: warm.request("POST", "/v1/sessions", json=body), 413, "payload_too_large"
+    )
+    assert error.details["max_metadata_bytes"] == limit
+    assert _everything(warm) == before
+    _error(lambda: warm.get_session("big"), 404, "session_not_found")
+    small = {"session_id": "ok", "metadata": {"x": "a" * (limit // 2)}}
+    assert warm.request("POST", "/v1/sessions", json=small).status_code == 201

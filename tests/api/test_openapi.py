@@ -21,6 +21,8 @@ from tests.conftest import Daemon
 
 SESSION = "/v1/sessions/{session_id}"
 BAD_REQUEST = {422: {"invalid_request"}}
+# Routes that take a body: over limits.max_body_bytes (or metadata over its limit) is 413.
+TOO_LARGE = {413: {"payload_too_large"}}
 # What an engine operation on one session can answer, besides its 507 and 500.
 OPERATION = {
     404: {"session_not_found"},
@@ -32,6 +34,7 @@ OPERATION = {
 # Per route: the error statuses it must document, and the codes each must list.
 REQUIRED_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
     ("POST", "/v1/sessions"): {
+        **TOO_LARGE,
         409: {"session_exists"},
         422: {"invalid_request"},
         503: {"not_ready"},
@@ -45,13 +48,24 @@ REQUIRED_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
     },
     ("POST", f"{SESSION}/generate"): {
         **OPERATION,
+        **TOO_LARGE,
         422: {"invalid_request", "limit_exceeded"},
         507: {"pool_full"},
         500: {"transfer_failed"},
     },
-    ("POST", f"{SESSION}/pause"): {**OPERATION, 507: {"tier_full"}, 500: {"transfer_failed"}},
+    ("POST", f"{SESSION}/pause"): {
+        **OPERATION,
+        **TOO_LARGE,
+        507: {"tier_full"},
+        500: {"transfer_failed"},
+    },
     ("POST", f"{SESSION}/resume"): {**OPERATION, 507: {"pool_full"}, 500: {"transfer_failed"}},
-    ("POST", f"{SESSION}/move"): {**OPERATION, 507: {"tier_full"}, 500: {"transfer_failed"}},
+    ("POST", f"{SESSION}/move"): {
+        **OPERATION,
+        **TOO_LARGE,
+        507: {"tier_full"},
+        500: {"transfer_failed"},
+    },
     ("GET", "/v1/events"): BAD_REQUEST,
     ("GET", "/v1/host"): {},
     ("GET", "/v1/host/history"): BAD_REQUEST,
