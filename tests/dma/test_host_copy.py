@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 import jax
@@ -283,13 +282,18 @@ def test_a_failing_part_waits_for_the_other_threads_before_raising(
 ) -> None:
     """The copy must not return (letting the caller free the slots) while a worker writes."""
     finished: list[int] = []
+    raised, release = threading.Event(), threading.Event()
+    # The worker's part may finish only after this thread's part has failed: a copy that
+    # returned without waiting would leave ``finished`` empty.
+    threading.Thread(target=lambda: raised.wait(10) and release.set(), daemon=True).start()
 
     def gather(*args: object) -> list[bytes]:
         lo = args[-2]
-        if lo == 0:  # the worker's part: slow, then done
-            time.sleep(0.2)
+        if lo == 0:  # the worker's part: held until the other part has raised
+            assert release.wait(10)
             finished.append(0)
             return []
+        raised.set()
         raise OSError("injected")  # this thread's part
 
     monkeypatch.setattr(host_copy, "_gather", gather)
