@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from agentpark import __version__
 from agentpark.api import admin, dashboard, host, metrics, sessions
-from agentpark.api.handlers import BodyLimitMiddleware, install_error_handlers
+from agentpark.api.handlers import AllowMiddleware, BodyLimitMiddleware, install_error_handlers
 from agentpark.config import Settings
 from agentpark.errors import AgentparkError
 from agentpark.runtime import Runtime
@@ -78,9 +78,13 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
-    app.include_router(sessions.router)
-    app.include_router(host.router)
-    app.include_router(admin.router)
-    app.include_router(metrics.router)
-    app.include_router(dashboard.router)
+    routers = (sessions.router, host.router, admin.router, metrics.router, dashboard.router)
+    for router in routers:
+        app.include_router(router)
+    # The routes themselves, read from the routers (not app.router.routes, which newer
+    # FastAPI nests), for OPTIONS and the Allow header of a 405.
+    app.add_middleware(
+        AllowMiddleware,
+        routes=lambda: [*app.router.routes, *(r for router in routers for r in router.routes)],
+    )
     return app

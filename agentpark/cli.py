@@ -11,10 +11,13 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentpark.config import Settings, load_settings
 from agentpark.errors import ConfigError
+
+if TYPE_CHECKING:
+    import uvicorn
 
 __all__ = ["main"]
 
@@ -187,6 +190,25 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
+def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
+    """The uvicorn config ``agentpark serve`` runs ``app`` with (``[server]`` settings)."""
+    import uvicorn
+
+    server = settings.server
+    config = uvicorn.Config(
+        app,
+        host=server.host,
+        port=server.port,
+        log_level=settings.log_level,
+        # Longer than the idle time of clients' connection pools, so a client never reuses
+        # a connection uvicorn is closing (its default, 5 s, is below most of them).
+        timeout_keep_alive=server.keep_alive_s,
+    )
+    # Leave room for the drain: uvicorn first waits this long for requests in flight.
+    config.timeout_graceful_shutdown = 10
+    return config
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -206,11 +228,7 @@ def _serve(args: argparse.Namespace) -> int:
     lock = StateLock.acquire(settings.state_dir)
     try:
         app = create_app(settings, args.config or _env_config(), state_lock=lock)
-        config = uvicorn.Config(
-            app, host=server.host, port=server.port, log_level=settings.log_level
-        )
-        # Leave room for the drain: uvicorn first waits this long for requests in flight.
-        config.timeout_graceful_shutdown = 10
+        config = uvicorn_config(app, settings)
         daemon = uvicorn.Server(config)
         app.state.request_shutdown = lambda: setattr(daemon, "should_exit", True)
         daemon.run()

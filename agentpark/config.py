@@ -35,6 +35,12 @@ class _Section(BaseModel):
 class ServerSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8470, ge=0, le=65535, description="0 picks a free port")
+    keep_alive_s: int = Field(
+        75,
+        ge=1,
+        le=3600,
+        description="idle keep-alive of a client connection; above client pool idle times",
+    )
 
 
 class ModelSettings(_Section):

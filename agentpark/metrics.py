@@ -171,13 +171,15 @@ class Metrics:
         )
         self.recomputes = Counter(
             "agentpark_recompute_fallbacks",
-            "Resumes that rebuilt the KV by re-prefill because the parked copy was gone.",
+            "Resumes that rebuilt the KV by re-prefill because the parked copy was gone, by "
+            "the resume's reason, or checksum when the copy was found corrupt.",
             (*h, "reason"),
             registry=reg,
         )
         self.restore_failures = Counter(
             "agentpark_restore_failures",
-            "Restores from a tier that failed (the parked copy is kept), by tier.",
+            "Restores from a tier that failed, by tier: a copy error (the parked copy is "
+            "kept) or a checksum mismatch (the copy is dropped and the session recomputed).",
             (*h, "tier"),
             registry=reg,
         )
@@ -227,6 +229,9 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )
+        # Sessions whose parked copy failed its checksum and whose recompute is not yet
+        # counted: that recompute is a fallback for reason "checksum", not the resume's.
+        self._corrupt: set[tuple[str, str]] = set()
         reg.register(_HostCollector(snapshot, sessions, host))
         ProcessCollector(registry=reg)
         self._create_label_sets(list(snapshot().tiers))
@@ -235,7 +240,9 @@ class Metrics:
         """Create the series every host has, at zero, so they exist before the first event."""
         host = self.host
         self.recomputes.labels(host, Reason.EXPLICIT)
+        self.recomputes.labels(host, Reason.CHECKSUM)
         self.lost.labels(host, Reason.RESTART)
+        self.lost.labels(host, Reason.CHECKSUM)
         for tier in tiers:
             for reason in PAUSE_REASONS:
                 self.pauses.labels(host, reason, tier)
@@ -279,9 +286,21 @@ class Metrics:
         elif kind == EventKind.RECOMPUTE:
             self.resumes.labels(host, "recompute", reason).inc()
             self.resume_seconds.labels(host, "recompute").observe(seconds)
+            key = (event.tenant, event.session_id)
+            if key in self._corrupt:
+                self._corrupt.discard(key)
+                reason = Reason.CHECKSUM
             self.recomputes.labels(host, reason).inc()
         elif kind == EventKind.RESTORE_FAILED:
             self.restore_failures.labels(host, _label(event.from_tier, "unknown")).inc()
+        elif kind == EventKind.CORRUPT:
+            # The restore from that tier failed (the copy is dropped, the session LOST);
+            # the recompute that follows is counted when its event comes.
+            self.restore_failures.labels(host, _label(event.from_tier, "unknown")).inc()
+            self.lost.labels(host, Reason.CHECKSUM).inc()
+            self._corrupt.add((event.tenant, event.session_id))
+        elif kind == EventKind.DELETE:
+            self._corrupt.discard((event.tenant, event.session_id))
         elif kind == EventKind.LOST:
             self.lost.labels(host, reason).inc()
         elif kind == EventKind.MOVE:

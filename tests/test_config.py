@@ -162,6 +162,7 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         "log_level": "debug",
         "server.host": "0.0.0.0",
         "server.port": "9001",
+        "server.keep_alive_s": "120",
         "model.d_model": "32",
         "model.n_layers": "3",
         "model.n_heads": "8",
@@ -229,6 +230,8 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         ("pool", "block_size", "0", "1..4096"),
         ("pool", "num_blocks", "16777217", "1..16777216"),
         ("server", "port", "70000", "0..65535"),
+        ("server", "keep_alive_s", "0", "1..3600"),
+        ("server", "keep_alive_s", "3601", "1..3600"),
         ("model", "max_seq_len", "8", "16..1048576"),
         ("limits", "max_new_tokens", "0", "1..1048576"),
         ("dma", "copy_threads", "0", "1..64"),
@@ -384,3 +387,22 @@ def test_cli_db_upgrade_with_good_config(
     assert database.is_file()
     assert database.read_bytes().startswith(b"SQLite format 3\x00")
     assert str(database) in capsys.readouterr().out
+
+
+# --- the uvicorn config `agentpark serve` builds --------------------------------------------
+
+
+def test_keep_alive_defaults_above_client_pool_idle_times() -> None:
+    config = cli.uvicorn_config(object(), load_settings(EXAMPLE))
+    assert config.timeout_keep_alive == 75  # uvicorn's own default is 5 s
+    assert config.timeout_graceful_shutdown == 10
+    assert (config.host, config.port) == ("127.0.0.1", 8470)
+
+
+def test_keep_alive_from_the_file_reaches_uvicorn(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[server]\nkeep_alive_s = 300\nhost = "0.0.0.0"\nport = 9001\n')
+    settings = load_settings(path)
+    assert settings.server.keep_alive_s == 300
+    config = cli.uvicorn_config(object(), settings)
+    assert config.timeout_keep_alive == 300
+    assert (config.host, config.port) == ("0.0.0.0", 9001)

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agentpark.config import Settings
 from agentpark.metrics import METRIC_NAMES
 from agentpark.store.models import EventRow
+from agentpark.tiers.filetier import HEADER_BYTES
 from tests.conftest import Daemon
 
 HOST = "test-host-1"
@@ -215,6 +216,52 @@ def test_restore_failure_and_recompute_fallback_are_counted(
     assert value(samples, "agentpark_sessions", state="lost") == 0
     # Recompute copies nothing back from a tier.
     assert value(samples, "agentpark_transfer_bytes_total", direction="restore", tier="dram") == 0
+
+
+def test_a_corrupt_parked_copy_counts_a_restore_failure_and_a_checksum_recompute(
+    host_daemon: Daemon,
+) -> None:
+    c = host_daemon.client
+    c.post("/v1/sessions", json={"session_id": "x"})
+    c.post("/v1/sessions/x/generate", json={"prompt": "flip a bit", "max_new_tokens": 20})
+    assert c.post("/v1/sessions/x/pause", json={"tier": "shm"}).json()["tier"] == "shm"
+    parking = host_daemon.runtime.parking
+    slot = parking.live("default", "x").slots[0]
+    path = parking.tiers["shm"].path  # type: ignore[attr-defined]
+    offset = HEADER_BYTES + slot * host_daemon.runtime.engine.geometry.block_nbytes + 7
+    with path.open("r+b") as f:  # damage the parked copy, as another process could
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+    before = scrape(host_daemon)
+    assert value(before, "agentpark_restore_failures_total", tier="shm") == 0
+    assert value(before, "agentpark_recompute_fallbacks_total", reason="checksum") == 0
+    assert value(before, "agentpark_sessions_lost_total", reason="checksum") == 0
+
+    assert c.post("/v1/sessions/x/resume").json()["restored_from"] == "recompute"
+    after = scrape(host_daemon)
+    # The alerting counters move, each by exactly one, with the tier and the reason.
+    assert value(after, "agentpark_restore_failures_total", tier="shm") == 1
+    assert value(after, "agentpark_restore_failures_total", tier="dram") == 0
+    assert value(after, "agentpark_recompute_fallbacks_total", reason="checksum") == 1
+    assert value(after, "agentpark_recompute_fallbacks_total", reason="explicit") == 0
+    assert value(after, "agentpark_sessions_lost_total", reason="checksum") == 1
+    assert value(after, "agentpark_sessions_lost_total", reason="restart") == 0
+    # The events are counted as before: one corrupt, one recompute, an explicit resume.
+    assert value(after, "agentpark_events_total", kind="corrupt") == 1
+    assert value(after, "agentpark_events_total", kind="recompute") == 1
+    assert value(after, "agentpark_resumes_total", source="recompute", reason="explicit") == 1
+    assert value(after, "agentpark_resumes_total", source="shm", reason="explicit") == 0
+    assert value(after, "agentpark_transfer_bytes_total", direction="restore", tier="shm") == 0
+
+    # The next park and resume of the same session is an ordinary one again.
+    c.post("/v1/sessions/x/pause", json={"tier": "shm"})
+    assert c.post("/v1/sessions/x/resume").json()["restored_from"] == "shm"
+    last = scrape(host_daemon)
+    assert value(last, "agentpark_restore_failures_total", tier="shm") == 1
+    assert value(last, "agentpark_recompute_fallbacks_total", reason="checksum") == 1
+    assert value(last, "agentpark_resumes_total", source="shm", reason="explicit") == 1
 
 
 def test_moves_between_tiers_are_counted_by_kind_and_tier(host_daemon: Daemon) -> None:

@@ -1,23 +1,29 @@
 """Turns every error into the one JSON shape: {"error": {"code", "message", "details"?}}.
 
 Also the request body limit (``limits.max_body_bytes``): a pure ASGI middleware that
-answers 413 in that shape before any route reads the body.
+answers 413 in that shape before any route reads the body; and ``OPTIONS`` on any route
+path, answered 204 with an ``Allow`` header naming every method of that path (Starlette
+names only those of the first route that matched, so ``/v1/sessions/{id}`` said ``GET``
+without ``DELETE``); a 405 carries the same ``Allow``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentpark.errors import AgentparkError, PayloadTooLargeError
 
-__all__ = ["BodyLimitMiddleware", "install_error_handlers"]
+__all__ = ["AllowMiddleware", "BodyLimitMiddleware", "allowed_methods", "install_error_handlers"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,52 @@ def install_error_handlers(app: FastAPI) -> None:
         log.exception("unhandled error", exc_info=exc)
         body = {"error": {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}}
         return JSONResponse(body, status_code=500)
+
+
+def allowed_methods(routes: Iterable[BaseRoute], scope: Scope) -> list[str]:
+    """Every method ``routes`` answer on this request's path, with OPTIONS; [] if none."""
+    methods: set[str] = set()
+    for route in routes:
+        if not isinstance(route, Route) or not route.methods:
+            continue
+        match, _ = route.matches(scope)
+        if match != Match.NONE:  # PARTIAL: the path matches, the method does not
+            methods.update(route.methods)
+    if not methods:
+        return []
+    return sorted(methods | {"OPTIONS"})
+
+
+class AllowMiddleware:
+    """``Allow`` names every method of a route path, whichever route the methods are on.
+
+    ``OPTIONS`` on a route path is answered 204 with it; a 405 gets it in place of
+    Starlette's (which names only the first matching route's). A path no route has
+    falls through to the app (its JSON 404). ``routes`` gives the routes at request time.
+    """
+
+    def __init__(self, inner: ASGIApp, routes: Callable[[], Iterable[BaseRoute]]) -> None:
+        self.inner = inner
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.inner(scope, receive, send)
+            return
+        methods = allowed_methods(self.routes(), scope)
+        if scope["method"] == "OPTIONS" and methods:
+            response = Response(status_code=204, headers={"Allow": ", ".join(methods)})
+            await response(scope, receive, send)
+            return
+
+        async def send_allow(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 405 and methods:
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
+                headers.append((b"allow", ", ".join(methods).encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.inner(scope, receive, send_allow)
 
 
 def _unreadable_body(exc: HTTPException) -> str | None:
