@@ -93,17 +93,23 @@ class AllowMiddleware:
         if scope["type"] != "http":
             await self.inner(scope, receive, send)
             return
-        methods = allowed_methods(self.routes(), scope)
-        if scope["method"] == "OPTIONS" and methods:
-            response = Response(status_code=204, headers={"Allow": ", ".join(methods)})
-            await response(scope, receive, send)
-            return
+        if scope["method"] == "OPTIONS":
+            methods = allowed_methods(self.routes(), scope)
+            if methods:
+                response = Response(status_code=204, headers={"Allow": ", ".join(methods)})
+                await response(scope, receive, send)
+                return
 
         async def send_allow(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] == 405 and methods:
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
-                headers.append((b"allow", ", ".join(methods).encode()))
-                message = {**message, "headers": headers}
+            # Only a 405 pays for matching the path against every route.
+            if message["type"] == "http.response.start" and message["status"] == 405:
+                methods = allowed_methods(self.routes(), scope)
+                if methods:
+                    headers = [
+                        (k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"
+                    ]
+                    headers.append((b"allow", ", ".join(methods).encode()))
+                    message = {**message, "headers": headers}
             await send(message)
 
         await self.inner(scope, receive, send_allow)
