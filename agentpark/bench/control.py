@@ -25,12 +25,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -38,6 +39,9 @@ from agentpark.bench.common import progress_bar, stdout_console
 from agentpark.client import AgentparkAPIError, AgentparkClient
 
 __all__ = ["ControlResult", "run_control_bench"]
+
+READY_LINE = "engine warm; ready"
+"""What agentpark.runtime logs (INFO) once the daemon serves requests."""
 
 TARGETS_MS = {"create": ("p50", 2.0), "get": ("p99", 2.0), "pause": ("p99", 5.0)}
 TARGETS_MS["resume"] = ("p99", 5.0)
@@ -67,7 +71,7 @@ class _Daemon:
             port = sock.getsockname()[1]
         config = state_dir / "bench.toml"
         config.write_text(
-            f'state_dir = "{state_dir}"\n'
+            f'state_dir = "{state_dir}"\nlog_level = "info"  # READY_LINE is an INFO line\n'
             f"[pool]\nblock_size = 16\nnum_blocks = {blocks}\n"
             "[tiers.shm]\ncapacity = 0\n[tiers.disk]\ncapacity = 0\n"
             "[policy]\nidle_pause_after_s = 0\n"
@@ -78,23 +82,31 @@ class _Daemon:
             [*cmd, "--port", str(port)],
             env=env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.url = f"http://127.0.0.1:{port}"
+        self._ready = False
+        self._told = threading.Event()  # the daemon said it is ready, or its stderr ended
+        self._log: deque[str] = deque(maxlen=20)
+        threading.Thread(target=self._read_log, name="bench-daemon-log", daemon=True).start()
+
+    def _read_log(self) -> None:
+        """Drain the daemon's log; the runtime logs READY_LINE once the engine is warm."""
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._log.append(line)
+            if READY_LINE in line:
+                self._ready = True
+                self._told.set()
+        self._told.set()
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        with AgentparkClient(self.url, timeout=5.0) as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"the daemon exited with {self.proc.returncode}")
-                try:
-                    if client.readyz():
-                        return
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)  # a bench waiting for a child process, not a test
-        raise RuntimeError(f"the daemon was not ready within {timeout_s:g}s")
+        if not self._told.wait(timeout_s):
+            raise RuntimeError(f"the daemon was not ready within {timeout_s:g}s")
+        if not self._ready:
+            tail = "".join(self._log)
+            raise RuntimeError(f"the daemon exited before it was ready:\n{tail}")
 
     def rss_bytes(self) -> int | None:
         try:
