@@ -28,6 +28,7 @@ from agentpark.app import create_app
 from agentpark.client import AgentparkAPIError, AgentparkClient
 from agentpark.config import Settings, load_settings
 from agentpark.runtime import Runtime
+from agentpark.store.models import SessionRow
 
 # Small and fast: 2-layer model, 64 blocks of 16 tokens, room for 32 parked blocks.
 TINY = {
@@ -322,6 +323,25 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not reached within {timeout}s")
         tick.wait(0.005)
+
+
+def session_row(**fields: Any) -> SessionRow:
+    """A session row as the core writes a new one, with ``fields`` changed."""
+    values: dict[str, Any] = {
+        "session_id": "s",
+        "tenant": "t",
+        "state": "active",
+        "tier": None,
+        "num_tokens": 0,
+        "kv_blocks": 0,
+        "kv_bytes": 0,
+        "created_at": 1_700_000_000.0,
+        "last_active_at": 1_700_000_000.0,
+        "pause_count": 0,
+        "meta": {},
+        "token_log": b"",
+    }
+    return SessionRow(**{**values, **fields})
 
 
 def settled(daemon: Daemon, session_id: str, state: str, tenant: str = "default") -> bool:

@@ -19,11 +19,11 @@ from agentpark.history import HostSampler, merge_samples
 from agentpark.snapshot import Counters, HostSnapshot, PoolFigures, TierFigures
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
-from agentpark.store.models import EventRow, SessionRow
+from agentpark.store.models import EventRow
 from agentpark.store.repository import SessionStore
 from agentpark.store.samples import SampleStore
 from agentpark.tally import percentile
-from tests.conftest import wait_until
+from tests.conftest import session_row, wait_until
 
 T0 = 1_800_000_000.0  # a multiple of 600 and of 60: buckets start on it
 HOUR = 3600.0
@@ -76,20 +76,7 @@ class Stores:
         engine, factory = open_database(url)
         self.sessions = SessionStore(engine, factory)
         self.samples = SampleStore(engine, factory)
-        self.row = SessionRow(
-            session_id="s",
-            tenant="t",
-            state="active",
-            tier=None,
-            num_tokens=0,
-            kv_blocks=0,
-            kv_bytes=0,
-            created_at=T0,
-            last_active_at=T0,
-            pause_count=0,
-            meta={},
-            token_log=b"",
-        )
+        self.row = session_row(created_at=T0, last_active_at=T0)
         self.sessions.insert(self.row, self._event("create"))
 
     def _event(self, kind: str, **fields: Any) -> EventRow:

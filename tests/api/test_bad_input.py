@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from agentpark.api.schemas import ResumeResponse, SessionOut
 from agentpark.client import AgentparkAPIError, AgentparkClient
 from agentpark.config import Settings
-from tests.conftest import Daemon, InProcessApp, wait_until
+from tests.conftest import Daemon, InProcessApp, session_row, wait_until
 
 
 def _snapshot(c: AgentparkClient, sid: str) -> dict[str, Any]:
@@ -295,23 +294,10 @@ def test_pause_with_thirty_days_expected_is_accepted(warm: AgentparkClient) -> N
 )
 def test_a_stored_timestamp_out_of_range_is_repaired_on_read(field: str, value: float) -> None:
     # Rows written by older versions (no bound on expected_resume_s) must not 500 on GET.
-    row = SimpleNamespace(
-        session_id="s",
-        tenant="t",
-        state="parked",
-        tier="dram",
-        num_tokens=1,
-        kv_blocks=1,
-        kv_bytes=4096,
-        created_at=1_700_000_000.0,
-        last_active_at=1_700_000_000.0,
-        paused_at=1_700_000_000.0,
-        pause_count=1,
-        tool=None,
-        expected_resume_at=None,
-        lost_reason=None,
-        meta=None,
+    row = session_row(
+        state="parked", tier="dram", num_tokens=1, kv_blocks=1, kv_bytes=4096, pause_count=1
     )
+    row.paused_at, row.meta = 1_700_000_000.0, None
     setattr(row, field, value)
     out = SessionOut.of(row)
     got = getattr(out, field)
@@ -357,21 +343,8 @@ def test_a_lone_surrogate_in_a_prompt_or_tool_is_422(
 
 
 def test_stored_metadata_with_a_lone_surrogate_is_repaired_on_read() -> None:
-    row = SimpleNamespace(
-        session_id="s",
-        tenant="t",
-        state="active",
-        tier=None,
-        num_tokens=0,
-        kv_blocks=0,
-        kv_bytes=0,
-        created_at=1_700_000_000.0,
-        last_active_at=1_700_000_000.0,
-        paused_at=None,
-        pause_count=0,
+    row = session_row(
         tool="t\ud800",
-        expected_resume_at=None,
-        lost_reason=None,
         meta={"x\udfff": ["\ud800", {"y": "ok"}]},
     )
     out = SessionOut.of(row)

@@ -6,25 +6,9 @@ from pathlib import Path
 
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
-from agentpark.store.models import EventRow, SessionRow
+from agentpark.store.models import EventRow
 from agentpark.store.repository import SessionStore
-
-
-def _row() -> SessionRow:
-    return SessionRow(
-        session_id="s",
-        tenant="t",
-        state="active",
-        tier=None,
-        num_tokens=0,
-        kv_blocks=0,
-        kv_bytes=0,
-        created_at=0.0,
-        last_active_at=0.0,
-        pause_count=0,
-        meta={},
-        token_log=b"",
-    )
+from tests.conftest import session_row
 
 
 def _event(kind: str, detail: str | None, ms: float) -> EventRow:
@@ -43,7 +27,7 @@ def test_tool_returns_keeps_the_newest_per_tool_oldest_first(tmp_path: Path) -> 
     url = f"sqlite:///{tmp_path / 'a.db'}"
     upgrade(url)
     store = SessionStore(*open_database(url))
-    row = _row()
+    row = session_row(created_at=0.0, last_active_at=0.0)
     store.insert(row, _event("create", None, 0))
     for i in range(5):
         store.save(row, _event("tool_return", "search", 10.0 + i))
