@@ -89,7 +89,8 @@ class _Daemon:
         self._ready = False
         self._told = threading.Event()  # the daemon said it is ready, or its stderr ended
         self._log: deque[str] = deque(maxlen=20)
-        threading.Thread(target=self._read_log, name="bench-daemon-log", daemon=True).start()
+        self._reader = threading.Thread(target=self._read_log, name="bench-log", daemon=True)
+        self._reader.start()
 
     def _read_log(self) -> None:
         """Drain the daemon's log; the runtime logs READY_LINE once the engine is warm."""
@@ -124,6 +125,9 @@ class _Daemon:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._reader.join(timeout=10)  # reads to the end of the log, then the pipe closes
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
 
 def run_control_bench(sessions: int, samples: int = 500, seed: int = 0) -> int:
