@@ -102,6 +102,12 @@ def _parser() -> argparse.ArgumentParser:
         help="host_copy's dma.copy_threads; >1 adds ratios to an np.copyto over that many threads",
     )
     transfer.add_argument(
+        "--hash-thread",
+        action="store_true",
+        help="host_copy's dma.hash_thread: the checksum is hashed on a second thread while "
+        "the copy runs (the copy-alone table times the other path too)",
+    )
+    transfer.add_argument(
         "--backend",
         choices=("host_copy", "tpu_sync"),
         default="host_copy",
@@ -297,6 +303,7 @@ def _bench_transfer(args: argparse.Namespace) -> int:
         directory=args.dir,
         copy_threads=args.copy_threads,
         backend=args.backend,
+        hash_thread=args.hash_thread,
     )
 
 

@@ -174,6 +174,11 @@ class DmaSettings(_Section):
         le=64,
         description="host_copy: threads one pause or restore copies and hashes with",
     )
+    hash_thread: bool = Field(
+        False,
+        description="host_copy: hash the checksum on one more thread while the copy runs "
+        "(needs a free core; the copier hashes a span itself when that thread falls behind)",
+    )
 
 
 class LimitSettings(_Section):

@@ -88,7 +88,11 @@ class Runtime:
             # dma.tpu_sync_shm that memory is TPU Sync's /dev/shm segments: the tier persists.
             tiers, transfer = _tpu_sync_parts(settings, engine)
         else:
-            transfer = select_transfer(settings.dma.backend, copy_threads=settings.dma.copy_threads)
+            transfer = select_transfer(
+                settings.dma.backend,
+                copy_threads=settings.dma.copy_threads,
+                hash_thread=settings.dma.hash_thread,
+            )
             tiers = build_tiers(settings, engine.geometry, engine.model_uid)
         checksums = settings.integrity.checksum != "none"
         options = CoreOptions(

@@ -22,6 +22,11 @@ one, every ratio is also printed against an ``np.copyto`` split over that many t
 timed in the same repeat: how close the copy comes to what the memory allows, not only to
 one core's memcpy.
 
+``hash_thread`` (``--hash-thread``) is host_copy's ``dma.hash_thread`` (the checksum hashed on
+a second thread, agentpark.dma.hash_thread) for every checksummed operation. The copy-alone
+table also times the other checksum path in the same repeats (the hash thread without the
+flag, the fused one-thread hash with it): an A/B under the same machine noise.
+
 Sessions get their KV synthetically (no model step is compiled for a huge context): seeded
 random pages are written into the pool by the DMA core itself, from a scratch DRAM tier, and
 the session is then handed those blocks (see :meth:`InProcessDriver.adopt_kv`). Once per
@@ -317,6 +322,7 @@ class _Stack:
     driver: InProcessDriver
     filler: Transfer  # writes the synthetic KV into the pool from a scratch dram tier
     copy_threads: int = 1  # host_copy's dma.copy_threads (1 for tpu_sync)
+    hash_thread: bool = False  # host_copy's dma.hash_thread
 
     @property
     def bytes_readable(self) -> bool:
@@ -337,6 +343,7 @@ class _Stack:
         block_tokens: int,
         copy_threads: int = 1,
         backend: str = "host_copy",
+        hash_thread: bool = False,
     ) -> _Stack:
         url = f"sqlite:///{state_dir / 'agentpark.db'}"
         upgrade(url)
@@ -366,7 +373,7 @@ class _Stack:
                 filler = HostCopyTransfer() if on_cpu else JaxMemkindTransfer()
             else:
                 tier = _make_tier(tier_name, tier_dir, engine, largest)
-                copier = HostCopyTransfer(copy_threads=copy_threads)
+                copier = HostCopyTransfer(copy_threads=copy_threads, hash_thread=hash_thread)
                 # Compile the restore scatter for every window size before anything is timed.
                 copier.warmup(engine, tier)
                 transfer = filler = copier
@@ -380,10 +387,12 @@ class _Stack:
                 tier.close()
             store.close()
             raise
-        return cls(store, engine, transfer, tier, driver, filler, copy_threads)
+        return cls(store, engine, transfer, tier, driver, filler, copy_threads, hash_thread)
 
     def close(self) -> None:
         self.parking.close()
+        if isinstance(self.transfer, HostCopyTransfer):
+            self.transfer.close()  # its worker and hash threads
         self.tier.close()
         self.store.close()
 
@@ -407,6 +416,7 @@ def run_transfer_bench(
     progress_console: Console | None = None,
     copy_threads: int = 1,
     backend: str = "host_copy",
+    hash_thread: bool = False,
 ) -> int:
     """Measure, print the tables (to ``console``, stdout by default); 1 if a restore differs.
 
@@ -417,7 +427,7 @@ def run_transfer_bench(
     Returns 2 for arguments that cannot be measured: sizes that are not a whole number of KV
     tokens, ``repeats < 1``, an unknown tier, a directory that cannot hold the files, or
     ``copy_threads`` outside 1..64, an unknown ``backend``, or ``backend="tpu_sync"`` with
-    another tier than dram or ``copy_threads`` > 1.
+    another tier than dram, ``copy_threads`` > 1 or ``hash_thread``.
     """
     out = console if console is not None else stdout_console(200 if tier == "disk" else 150)
     err = progress_console if progress_console is not None else Console(stderr=True)
@@ -433,6 +443,8 @@ def run_transfer_bench(
             f"--copy-threads is host_copy's dma.copy_threads; --backend tpu_sync copies with "
             f"TPU Sync's own workers: leave it at 1, got {copy_threads}"
         )
+    if problem is None and backend == "tpu_sync" and hash_thread:
+        problem = "--hash-thread is host_copy's dma.hash_thread; --backend tpu_sync has no checksum"
     if problem is not None:
         err.print(f"agentpark: {problem}", soft_wrap=True, highlight=False)
         return 2
@@ -447,7 +459,7 @@ def run_transfer_bench(
             # Registered first, so it runs last: after the tier's file is closed.
             cleanup.callback(shutil.rmtree, tier_dir, ignore_errors=True)
         stack = _Stack.build(
-            state_dir, tier, tier_dir, max(sizes), block_tokens, copy_threads, backend
+            state_dir, tier, tier_dir, max(sizes), block_tokens, copy_threads, backend, hash_thread
         )
         cleanup.callback(stack.close)
         ncopy = _threaded_copyto(copy_threads, cleanup)
@@ -470,7 +482,7 @@ def run_transfer_bench(
     out.print(_table(tier, results, copy_threads, backend))
     if backend != "tpu_sync":  # agentpark cannot read TPU Sync's host blocks
         out.print(_checksum_table(results, copy_threads))
-    out.print(_copy_alone_table(results, copy_threads, backend))
+    out.print(_copy_alone_table(results, copy_threads, backend, hash_thread))
     for note in notes:
         out.print(note, soft_wrap=True, highlight=False)
     failed = [r for r in results if not r.exact]
@@ -654,6 +666,14 @@ def _copy_alone(stack: _Stack, key: tuple[str, str], measure: Callable[..., None
         for digest, suffix in digests:
             measure(f"d2h{suffix}", dma.d2h, engine, blocks, tier, slots, digest)
             measure(f"h2d{suffix}", dma.h2d, tier, slots, engine, blocks, digest)
+        if stack.bytes_readable and isinstance(dma, HostCopyTransfer):
+            # The other checksum path, in the same repeat: hash thread <-> fused.
+            dma.hash_thread = not stack.hash_thread
+            try:
+                measure("d2h+xxh3 alt", dma.d2h, engine, blocks, tier, slots, True)
+                measure("h2d+xxh3 alt", dma.h2d, tier, slots, engine, blocks, True)
+            finally:
+                dma.hash_thread = stack.hash_thread
     finally:
         tier.free("bench-copy-alone")
 
@@ -783,14 +803,26 @@ def _alone_ops(backend: str) -> tuple[str, ...]:
     return _ALONE_UNCHECKED if backend == "tpu_sync" else _ALONE
 
 
+def _path(hash_thread: bool) -> str:
+    return "hash thread" if hash_thread else "fused"
+
+
 def _copy_alone_table(
-    results: Sequence[SizeResult], threads: int = 1, backend: str = "host_copy"
+    results: Sequence[SizeResult],
+    threads: int = 1,
+    backend: str = "host_copy",
+    hash_thread: bool = False,
 ) -> Table:
     tier = results[0].tier if results else "?"
     dma = "TpuSyncTransfer" if backend == "tpu_sync" else "HostCopyTransfer"
     table = Table(title=f"the copy alone ({tier}): {dma}.d2h/h2d, no SQLite, over np.copyto")
     alone = _alone_ops(backend)
     heads = ["pause", "restore", "pause+xxh3", "restore+xxh3"][: len(alone)]
+    if backend != "tpu_sync":
+        here, other = _path(hash_thread), _path(not hash_thread)
+        heads = [*heads[:2], f"pause+xxh3 {here}", f"restore+xxh3 {here}"]
+        alone = (*alone, "d2h+xxh3 alt", "h2d+xxh3 alt")
+        heads += [f"pause+xxh3 {other}", f"restore+xxh3 {other}"]
     names = ["KV/session", *heads]
     if threads > 1:
         names += [f"{h}/x{threads}" for h in heads]
@@ -836,11 +868,20 @@ def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> lis
         f"numpy {np.__version__}.",
     ]
     if stack.bytes_readable:
-        notes.append(
-            "checksum: xxh3-64 per 1 MiB piece, hashed by host_copy while the piece is in "
+        path = (
+            "dma.hash_thread = true: hashed on a second thread, 4 MiB spans behind the pause's "
+            "copy and beside the restore's write (the copier hashes a span itself when that "
+            "thread is two spans behind)"
+            if stack.hash_thread
+            else "dma.hash_thread = false: hashed by the copying thread while the piece is in "
             "cache (pause: after writing it to the tier; restore: before writing it to the "
-            "pool); '+ on pause/restore' is the checksum-on time over the checksum-off one. "
-            "'xxh3 alone' is integrity.checksum over the parked copy (one core)."
+            "pool)"
+        )
+        notes.append(
+            f"checksum: xxh3-64 per 1 MiB piece; {path}; '+ on pause/restore' is the "
+            "checksum-on time over the checksum-off one. 'xxh3 alone' is integrity.checksum "
+            "over the parked copy (one core). The copy-alone table's last two columns time the "
+            "other path in the same repeats."
         )
     else:
         notes.append(

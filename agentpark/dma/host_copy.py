@@ -42,6 +42,7 @@ import jax
 import numpy as np
 
 from agentpark.blocks import PoolGeometry, check_copy, contiguous_runs, paired_runs
+from agentpark.dma.hash_thread import HashJob, PieceHasher
 from agentpark.engine.base import EngineAdapter
 from agentpark.errors import TransferError
 from agentpark.integrity import combine, piece_blocks, piece_digest
@@ -56,6 +57,10 @@ MAX_COPY_THREADS = 64
 # A restore with its checksum hashes this much of the tier, then writes it into the pool
 # while it is still in the (32 MiB) L3; a piece at a time would pay a jit dispatch per MiB.
 _FUSED_SPAN_BYTES = 8 * 2**20
+# dma.hash_thread: the copier posts spans of this much to the hash thread, which may be at
+# most _HASH_DEPTH spans behind (what it hashes is then still in the L3).
+HASH_SPAN_BYTES = 4 * 2**20
+_HASH_DEPTH = 2
 
 _T = TypeVar("_T")
 
@@ -85,11 +90,21 @@ class HostCopyTransfer:
 
     name = "host_copy"
 
-    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, copy_threads: int = 1) -> None:
+    def __init__(
+        self,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        copy_threads: int = 1,
+        hash_thread: bool = False,
+    ) -> None:
         if not 1 <= copy_threads <= MAX_COPY_THREADS:
             raise ValueError(f"copy_threads must be 1..{MAX_COPY_THREADS}, got {copy_threads}")
         self.chunk_bytes = chunk_bytes
         self.copy_threads = copy_threads
+        # dma.hash_thread: with a checksum, one more thread hashes while the copy runs
+        # (agentpark.dma.hash_thread); copies of one span or less stay fused.
+        self.hash_thread = hash_thread
+        self.hash_span_bytes = HASH_SPAN_BYTES
+        self.hasher = PieceHasher(_HASH_DEPTH)
         # Called between chunks, outside the engine lock: progress bars, and tests that
         # need a copy held open while they check that others are not blocked.
         self.chunk_hook: Callable[[int], None] | None = None
@@ -136,6 +151,28 @@ class HostCopyTransfer:
                 )
             return self._workers
 
+    def close(self) -> None:
+        """Stop the worker and hash threads (a later copy starts them again)."""
+        with self._workers_lock:
+            workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.shutdown(wait=True)
+        self.hasher.close()
+
+    def _span_blocks(self, geometry: PoolGeometry) -> int:
+        """Blocks per span posted to the hash thread: whole pieces, at least one."""
+        k = piece_blocks(geometry)
+        return max(k, self.hash_span_bytes // geometry.block_nbytes // k * k)
+
+    def _hash_job(
+        self, geometry: PoolGeometry, buffers: Sequence[np.ndarray], slots: Sequence[int]
+    ) -> HashJob | None:
+        """The hash thread's job for this copy, or None to hash fused on this thread:
+        ``dma.hash_thread`` off, a copy of one span or less, or the thread busy."""
+        if not self.hash_thread or len(slots) <= self._span_blocks(geometry):
+            return None
+        return self.hasher.try_start(buffers, slots, piece_blocks(geometry))
+
     def _after_chunk(self, nbytes: int) -> None:
         if self.chunk_hook is not None:
             self.chunk_hook(nbytes)
@@ -156,27 +193,54 @@ class HostCopyTransfer:
         thread count.
         """
         check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
-        k = piece_blocks(engine.geometry)
-        pieces: list[bytes] = []
         buffers = tier.buffers()
+        job = self._hash_job(engine.geometry, buffers, slots) if digest else None
+        if job is None:
+            pieces = self._d2h_chunks(engine, block_ids, buffers, slots, digest, None)
+            return combine(pieces) if digest else None
+        try:
+            self._d2h_chunks(engine, block_ids, buffers, slots, digest, job)
+            return combine(job.finish())
+        finally:
+            job.abandon()  # a no-op after finish; after a failure, waits for the thread
+
+    def _d2h_chunks(
+        self,
+        engine: EngineAdapter,
+        block_ids: Sequence[int],
+        buffers: list[np.ndarray],
+        slots: Sequence[int],
+        digest: bool,
+        job: HashJob | None,
+    ) -> list[bytes]:
+        """The copy, chunk by chunk; the fused piece digests (none with ``job``)."""
+        k = piece_blocks(engine.geometry)
+        span = self._span_blocks(engine.geometry)
+        pieces: list[bytes] = []
         for lo, hi in self._chunks(engine.geometry, len(slots)):
             src_ids = np.asarray(block_ids[lo:hi], dtype=np.intp)
             chunk_slots = slots[lo:hi]
-            unit = k if digest else 1
+            unit = span if job is not None else k if digest else 1
             ranges = self._parts(0, hi - lo, unit, self.copy_threads)
             with engine.lock:
                 views = [np.asarray(arr) for arr in engine.kv_pool()]  # zero-copy on CPU
                 try:
-                    gather = partial(
-                        _gather, views, buffers, src_ids, chunk_slots, k if digest else 0
-                    )
+                    gather: Callable[[int, int], list[bytes]]
+                    if job is not None:
+                        gather = partial(
+                            _gather_spans, views, buffers, src_ids, chunk_slots, span, job, lo
+                        )
+                    else:
+                        gather = partial(
+                            _gather, views, buffers, src_ids, chunk_slots, k if digest else 0
+                        )
                     for part in self._map(gather, ranges):
                         pieces.extend(part)
                 finally:
                     # A live view would make the next donating step copy the whole pool.
                     views.clear()
             self._after_chunk((hi - lo) * engine.geometry.block_nbytes)
-        return combine(pieces) if digest else None
+        return pieces
 
     def h2d(
         self,
@@ -195,9 +259,33 @@ class HostCopyTransfer:
         and must not use the blocks when it differs (they hold whatever the tier held).
         """
         check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
+        buffers = tier.buffers()
+        job = self._hash_job(engine.geometry, buffers, slots) if digest else None
+        if job is None:
+            pieces = self._h2d_chunks(tier, slots, engine, block_ids, digest, None)
+            return combine(pieces) if digest else None
+        try:
+            self._h2d_chunks(tier, slots, engine, block_ids, digest, job)
+            return combine(job.finish())
+        finally:
+            job.abandon()  # a no-op after finish; after a failure, waits for the thread
+
+    def _h2d_chunks(
+        self,
+        tier: HostTier,
+        slots: Sequence[int],
+        engine: EngineAdapter,
+        block_ids: Sequence[int],
+        digest: bool,
+        job: HashJob | None,
+    ) -> list[bytes]:
+        """The restore, chunk by chunk; the piece digests hashed here (none with ``job``)."""
         geometry = engine.geometry
         k = piece_blocks(geometry)
-        span = max(k, _FUSED_SPAN_BYTES // geometry.block_nbytes // k * k)
+        if job is not None:
+            span = self._span_blocks(geometry)
+        else:
+            span = max(k, _FUSED_SPAN_BYTES // geometry.block_nbytes // k * k)
         threads = self.copy_threads
         pieces: list[bytes] = []
         buffers = tier.buffers()
@@ -213,7 +301,10 @@ class HostCopyTransfer:
                 try:
                     for a, b in spans:
                         pending: list[Future[list[bytes]]] = []
-                        if digest and threads > 1:
+                        if job is not None:
+                            # The hash thread reads the span beside this thread's write.
+                            job.post(lo + a, lo + b)
+                        elif digest and threads > 1:
                             # Overlap: the workers hash the span while this thread writes it.
                             hash_span = partial(_hash, buffers, chunk_slots, k)
                             for x, y in self._parts(a, b, k, threads - 1):
@@ -235,7 +326,7 @@ class HostCopyTransfer:
                 finally:
                     engine.set_kv_pool(pool)
             self._after_chunk((hi - lo) * geometry.block_nbytes)
-        return combine(pieces) if digest else None
+        return pieces
 
     def _write_span(
         self,
@@ -340,6 +431,26 @@ def _gather(
                 np.take(view, ids, axis=0, out=buf[slot : slot + n], mode="clip")
             digests.append(piece_digest(buf, runs))
     return digests
+
+
+def _gather_spans(
+    views: Sequence[np.ndarray],
+    buffers: Sequence[np.ndarray],
+    src_ids: np.ndarray,
+    slots: Sequence[int],
+    span: int,
+    job: HashJob,
+    offset: int,
+    lo: int,
+    hi: int,
+) -> list[bytes]:
+    """Copy positions ``lo..hi`` of a chunk a span at a time, posting each copied span
+    (positions in the whole copy: ``offset`` is the chunk's) to the hash thread."""
+    for a in range(lo, hi, span):
+        b = min(a + span, hi)
+        _gather(views, buffers, src_ids, slots, 0, a, b)
+        job.post(offset + a, offset + b)
+    return []
 
 
 def _hash(
