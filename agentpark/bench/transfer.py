@@ -25,7 +25,8 @@ one core's memcpy.
 ``hash_thread`` (``--hash-thread``) is host_copy's ``dma.hash_thread`` (the checksum hashed on
 a second thread, agentpark.dma.hash_thread) for every checksummed operation. The copy-alone
 table also times the other checksum path in the same repeats (the hash thread without the
-flag, the fused one-thread hash with it): an A/B under the same machine noise.
+flag, the fused one-thread hash with it), and a fourth table puts the two side by side:
+an A/B under the same machine noise.
 
 Sessions get their KV synthetically (no model step is compiled for a huge context): seeded
 random pages are written into the pool by the DMA core itself, from a scratch DRAM tier, and
@@ -483,6 +484,8 @@ def run_transfer_bench(
     if backend != "tpu_sync":  # agentpark cannot read TPU Sync's host blocks
         out.print(_checksum_table(results, copy_threads))
     out.print(_copy_alone_table(results, copy_threads, backend, hash_thread))
+    if backend != "tpu_sync":
+        out.print(_paths_table(results, hash_thread))
     for note in notes:
         out.print(note, soft_wrap=True, highlight=False)
     failed = [r for r in results if not r.exact]
@@ -819,10 +822,8 @@ def _copy_alone_table(
     alone = _alone_ops(backend)
     heads = ["pause", "restore", "pause+xxh3", "restore+xxh3"][: len(alone)]
     if backend != "tpu_sync":
-        here, other = _path(hash_thread), _path(not hash_thread)
-        heads = [*heads[:2], f"pause+xxh3 {here}", f"restore+xxh3 {here}"]
-        alone = (*alone, "d2h+xxh3 alt", "h2d+xxh3 alt")
-        heads += [f"pause+xxh3 {other}", f"restore+xxh3 {other}"]
+        here = _path(hash_thread)
+        heads = [*heads[:2], f"pause+xxh3 ({here})", f"restore+xxh3 ({here})"]
     names = ["KV/session", *heads]
     if threads > 1:
         names += [f"{h}/x{threads}" for h in heads]
@@ -838,6 +839,30 @@ def _copy_alone_table(
         if threads > 1:
             cells += [_ratio_cell(op.nratios, None) for op in ops if op]
         table.add_row(*cells)
+    return table
+
+
+def _paths_table(results: Sequence[SizeResult], hash_thread: bool = False) -> Table:
+    """The two checksum paths of the copy alone, timed in the same repeats."""
+    tier = results[0].tier if results else "?"
+    table = Table(
+        title=f"checksum on, fused vs hash thread ({tier}): HostCopyTransfer.d2h/h2d alone, "
+        "over np.copyto"
+    )
+    pairs = (("d2h+xxh3", "d2h+xxh3 alt"), ("h2d+xxh3", "h2d+xxh3 alt"))
+    if hash_thread:
+        pairs = tuple((b, a) for a, b in pairs)
+    names = ["KV/session", "pause fused", "pause hash thread"]
+    names += ["restore fused", "restore hash thread"]
+    for name in names:
+        table.add_column(name, justify="right")
+    for r in results:
+        ops = [r.ops.get(name) for pair in pairs for name in pair]
+        if any(op is None or not op.s for op in ops):
+            table.add_row(human(r.size), *["-"] * (len(names) - 1))
+            continue
+        target = TARGET_RATIO if r.size >= TARGET_FROM and tier != "disk" else None
+        table.add_row(human(r.size), *(_ratio_cell(op.ratios, target) for op in ops if op))
     return table
 
 
@@ -880,8 +905,8 @@ def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> lis
         notes.append(
             f"checksum: xxh3-64 per 1 MiB piece; {path}; '+ on pause/restore' is the "
             "checksum-on time over the checksum-off one. 'xxh3 alone' is integrity.checksum "
-            "over the parked copy (one core). The copy-alone table's last two columns time the "
-            "other path in the same repeats."
+            "over the parked copy (one core). The fused-vs-hash-thread table times both paths "
+            "of the copy alone in the same repeats."
         )
     else:
         notes.append(

@@ -47,7 +47,7 @@ def test_each_tier_prints_a_row_per_size_and_round_trips_bit_exact(
     # Disk adds the plain file write and read, and the ratios to them.
     per_row = 9 if tier == "disk" else 5
     for size in ("1 MiB", "2 MiB"):
-        table_row, checksum_row, alone_row = _rows(text, size)
+        table_row, checksum_row, alone_row, paths_row = _rows(text, size)
         assert len(re.findall(SPREAD, table_row)) == per_row, table_row
         assert "yes" in table_row  # bit-exact, checked before and after the repeats
         # Checksum on: pause and restore GB/s and ratios, xxh3 alone, then what the checksum
@@ -56,6 +56,8 @@ def test_each_tier_prints_a_row_per_size_and_round_trips_bit_exact(
         assert len(re.findall(r"[+-]\d+%", checksum_row)) == 2, checksum_row
         # The copy alone: pause and restore ratios, checksum off and on.
         assert len(re.findall(SPREAD, alone_row)) == 4, alone_row
+        # Checksum on, the copy alone: pause and restore, fused and on the hash thread.
+        assert len(re.findall(SPREAD, paths_row)) == 4, paths_row
     assert "what the checksum costs" in text and "the copy alone" in text
     assert "no size to judge" in text  # both sizes are below the 256 MiB target threshold
     if tier == "disk":
@@ -77,10 +79,43 @@ def test_copy_threads_add_ratios_to_a_threaded_memcpy(consoles: Consoles) -> Non
     text = consoles.text
     assert code == 0, text
     assert "copyto x2 GB/s" in text and "pause/x2" in text and "dma.copy_threads = 2" in text
-    table_row, checksum_row, alone_row = _rows(text, "2 MiB")
+    table_row, checksum_row, alone_row, paths_row = _rows(text, "2 MiB")
     assert len(re.findall(SPREAD, table_row)) == 5 + 3, table_row
     assert len(re.findall(SPREAD, checksum_row)) == 5 + 2, checksum_row
     assert len(re.findall(SPREAD, alone_row)) == 4 + 4, alone_row
+    assert len(re.findall(SPREAD, paths_row)) == 4, paths_row
+
+
+@pytest.mark.parametrize("hash_thread", [False, True])
+def test_hash_thread_names_the_path_and_times_both(consoles: Consoles, hash_thread: bool) -> None:
+    code = bench.run_transfer_bench(
+        [8 * MiB],  # more than one 4 MiB span: the hash thread is used
+        repeats=1,
+        console=consoles.out,
+        progress_console=consoles.progress,
+        hash_thread=hash_thread,
+    )
+    text = consoles.text
+    assert code == 0, text
+    assert f"dma.hash_thread = {str(hash_thread).lower()}" in text
+    path = "hash thread" if hash_thread else "fused"
+    assert f"pause+xxh3 ({path})" in text and "fused vs hash thread" in text
+    paths_row = _rows(text, "8 MiB")[3]
+    assert len(re.findall(SPREAD, paths_row)) == 4, paths_row
+
+
+def test_hash_thread_with_tpu_sync_exits_2(consoles: Consoles) -> None:
+    err = Consoles(consoles.progress, consoles.out, consoles.buffer)  # capture the error
+    code = bench.run_transfer_bench(
+        [1 * MiB],
+        1,
+        console=err.out,
+        progress_console=err.progress,
+        backend="tpu_sync",
+        hash_thread=True,
+    )
+    assert code == 2
+    assert "--hash-thread" in err.text
 
 
 def test_copy_threads_out_of_range_exit_2(consoles: Consoles) -> None:
