@@ -849,9 +849,9 @@ def _paths_table(results: Sequence[SizeResult], hash_thread: bool = False) -> Ta
         title=f"checksum on, fused vs hash thread ({tier}): HostCopyTransfer.d2h/h2d alone, "
         "over np.copyto"
     )
-    pairs = (("d2h+xxh3", "d2h+xxh3 alt"), ("h2d+xxh3", "h2d+xxh3 alt"))
-    if hash_thread:
-        pairs = tuple((b, a) for a, b in pairs)
+    # Op names: the configured path is "d2h+xxh3", the other one "d2h+xxh3 alt".
+    fused, threaded = ("alt", "") if hash_thread else ("", "alt")
+    pairs = [(f"{d}+xxh3 {fused}".strip(), f"{d}+xxh3 {threaded}".strip()) for d in ("d2h", "h2d")]
     names = ["KV/session", "pause fused", "pause hash thread"]
     names += ["restore fused", "restore hash thread"]
     for name in names:
