@@ -237,25 +237,13 @@ def _serve(args: argparse.Namespace) -> int:
         config = uvicorn_config(app, settings)
         daemon = uvicorn.Server(config)
         app.state.request_shutdown = lambda: setattr(daemon, "should_exit", True)
-        _freeze_heap()
+        # What start-up made lives as long as the daemon: out of the GC once warm (the
+        # app's warm-up freezes it; agentpark.app.freeze_heap says why).
+        app.state.freeze_heap = True
         daemon.run()
     finally:
         lock.release()  # idempotent; a startup that failed leaves it to this
     return 0
-
-
-def _freeze_heap() -> None:
-    """Move what the imports made (JAX, FastAPI, SQLAlchemy: ~190,000 objects) out of the
-    garbage collector's reach for the daemon's life.
-
-    A full collection walks every tracked object; with 10,000 sessions it took 90-640 ms
-    here (freeing nothing) and landed in whichever request crossed the threshold: the
-    control plane's worst latencies. Frozen objects are never walked again.
-    """
-    import gc
-
-    gc.collect()
-    gc.freeze()
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:

@@ -5,7 +5,8 @@ blocking calls that return only when the bytes are in place (parking runs them i
 thread, off the event loop), so a caller frees the source only after a verified copy.
 
 ``digest=True`` asks for the checksum (agentpark.integrity) of the tier side of the copy,
-taken while copying: host_copy hashes each piece while it is in cache. A backend that
+taken while copying: host_copy hashes each piece while it is in cache, on the copying
+thread or (``dma.hash_thread``) on a second one. A backend that
 cannot returns None, and the mover hashes the tier itself (after a pause's copy, before a
 restore's).
 """

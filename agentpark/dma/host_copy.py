@@ -26,6 +26,11 @@ with it on against ~0.95x off (README, Benchmarks).
 
 ``copy_threads`` > 1: a pause's chunk is split over that many threads (this one and a small
 pool), in whole pieces when hashing; numpy's copies and xxhash release the GIL.
+
+``hash_thread`` (``dma.hash_thread``): a copy of more than one 4 MiB span hashes on one more
+thread instead (agentpark.dma.hash_thread): the pause posts each span it has copied, the
+restore each span it is about to write, and the copier hashes a span itself whenever that
+thread is two spans behind. Same checksum; it pays only where a core is idle (README).
 """
 
 from __future__ import annotations
