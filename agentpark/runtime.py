@@ -92,7 +92,9 @@ class Runtime:
             tiers = build_tiers(settings, engine.geometry, engine.model_uid)
         checksums = settings.integrity.checksum != "none"
         options = CoreOptions(
-            checksum_tiers=frozenset(settings.integrity.tiers) if checksums else frozenset()
+            checksum_tiers=frozenset(settings.integrity.tiers) if checksums else frozenset(),
+            background_yield_s=settings.limits.background_yield_s,
+            admission_timeout_s=settings.limits.admission_timeout_s,
         )
         driver = in_process_core(
             store,

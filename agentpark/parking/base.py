@@ -36,11 +36,13 @@ from agentpark.store.repository import SessionStore
 from agentpark.tally import EventTally
 from agentpark.tiers.base import HostTier
 
-__all__ = ["SESSION_ID_RE", "CoreBase"]
+__all__ = ["BACKGROUND_REASONS", "SESSION_ID_RE", "CoreBase"]
 
 log = logging.getLogger(__name__)
 
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+# The daemon's own work: it yields a session to a user operation (agentpark.parking.registry).
+BACKGROUND_REASONS = frozenset({Reason.IDLE, Reason.PRESSURE, Reason.PREFETCH, Reason.DEMOTE})
 _R = TypeVar("_R")
 
 
@@ -58,7 +60,7 @@ class CoreBase:
         self.host = host
         self.mover = mover
         self.options = options or CoreOptions()
-        self.registry = Registry()
+        self.registry = Registry(self.options.background_yield_s)
         self.events = EventLog(store)
         self.counters = Counters()
         self.draining = False
@@ -296,6 +298,7 @@ class CoreBase:
             finally:
                 self.registry.release(live)
 
+        self.registry.detach(live)
         self._background.submit(in_background)
         return pending
 

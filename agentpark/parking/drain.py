@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 def drain(core: SessionCore, deadline_s: float) -> dict[str, int]:
     """Park everything within ``deadline_s``; returns how many ended which way."""
     core.draining = True
+    wake = getattr(core.host, "wake", None)
+    if wake is not None:  # requests waiting for pool blocks give up (503) now
+        wake()
     deadline = time.monotonic() + deadline_s
     persistent = core.mover.candidates(TierChoice.AUTO, persistent_only=True)
     summary = {"parked": 0, "moved": 0, "already_safe": 0, "lost": 0}

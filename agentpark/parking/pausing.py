@@ -11,7 +11,7 @@ from agentpark.errors import (
     InvalidStateError,
     TransferError,
 )
-from agentpark.parking.base import CoreBase
+from agentpark.parking.base import BACKGROUND_REASONS, CoreBase
 from agentpark.parking.registry import LiveSession
 from agentpark.parking.types import (
     MoveResult,
@@ -51,7 +51,7 @@ class Pausing(CoreBase):
             self.refuse_if_draining()
         candidates = self.mover.candidates(order.tier)
         live = self.live(tenant, session_id)
-        self.registry.acquire(live, "pause")
+        self.registry.acquire(live, "pause", background=order.reason in BACKGROUND_REASONS)
         try:
             row = live.row
             if row.state in (State.PARKED, State.LOST):
@@ -198,7 +198,7 @@ class Pausing(CoreBase):
         if tier == TierChoice.AUTO:
             raise InvalidRequestError("move needs a tier name, not auto")
         (dst,) = self.mover.candidates(tier)
-        with self.registry.operation(live, "move"):
+        with self.registry.operation(live, "move", background=reason in BACKGROUND_REASONS):
             return self.move_locked(live, [dst], reason)
 
     def move_locked(

@@ -8,7 +8,7 @@ from agentpark.enums import EventKind, Reason, RestoredFrom, State
 from agentpark.errors import (
     InvalidStateError,
 )
-from agentpark.parking.base import CoreBase
+from agentpark.parking.base import BACKGROUND_REASONS, CoreBase
 from agentpark.parking.registry import LiveSession
 from agentpark.parking.types import (
     ResumeResult,
@@ -27,7 +27,7 @@ class Restoring(CoreBase):
         """Bring the session's KV back into the pool (copy, or recompute if it is gone)."""
         self.refuse_if_draining()
         live = self.live(tenant, session_id)
-        self.registry.acquire(live, "resume")
+        self.registry.acquire(live, "resume", background=reason in BACKGROUND_REASONS)
         try:
             row = live.row
             if row.state == State.ACTIVE:

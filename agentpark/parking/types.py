@@ -60,6 +60,10 @@ class KVHost(Protocol):
 class CoreOptions:
     checksum_tiers: frozenset[str] = frozenset({Tier.SHM, Tier.DISK})
     background_workers: int = 4
+    # The longest a user operation waits for the daemon's own work on its session.
+    background_yield_s: float = 30.0
+    # The longest a generate or resume waits in the queue for pool blocks before 507.
+    admission_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
