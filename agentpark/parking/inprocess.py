@@ -94,7 +94,9 @@ class InProcessDriver:
         self, needed: int, free: int, total: int, waited_s: float | None = None
     ) -> PoolFullError:
         block = self.geometry.block_nbytes
-        extra = {} if waited_s is None else {"waited_s": waited_s, "retry_after_s": min(waited_s, 5.0)}
+        extra: dict[str, float] = {}
+        if waited_s is not None:  # a queue that did not move in time: try again soon
+            extra = {"waited_s": waited_s, "retry_after_s": min(waited_s, 5.0)}
         waited = "" if waited_s is None else f" after waiting {waited_s:g}s for room"
         return PoolFullError(
             f"KV pool is full{waited}: needs {needed} blocks ({needed * block} bytes), "
