@@ -20,7 +20,7 @@ from agentpark.parking import CoreOptions, InProcessDriver, SessionCore, drain, 
 from agentpark.policy.service import PolicyService
 from agentpark.snapshot import HostSnapshot
 from agentpark.statedir import StateLock
-from agentpark.store.db import WalCheckpointer, open_database
+from agentpark.store.db import StorageProbe, WalCheckpointer, open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
 from agentpark.store.samples import SampleStore
@@ -48,6 +48,7 @@ class Runtime:
     config_path: Path | None = None  # what SIGHUP and /v1/admin/reload read again
     checkpointer: WalCheckpointer | None = None  # keeps WAL checkpoints off the request path
     state_lock: StateLock | None = None  # this daemon's hold on state_dir, dropped at shutdown
+    probe: StorageProbe | None = None  # while writes fail, tries one now and then
 
     @classmethod
     def start(
@@ -128,6 +129,9 @@ class Runtime:
         )
         runtime.checkpointer = WalCheckpointer(db_engine)
         runtime.checkpointer.start()
+        interval = settings.reliability.storage_probe_s
+        runtime.probe = StorageProbe(store.health, store.probe, interval)
+        runtime.probe.start()
         return runtime
 
     @property
@@ -187,6 +191,8 @@ class Runtime:
                 tier.close()
             if self.checkpointer is not None:
                 self.checkpointer.stop()
+            if self.probe is not None:
+                self.probe.stop()
             self.store.close()
         finally:
             if self.state_lock is not None:

@@ -191,12 +191,14 @@ class CoreBase:
             event = self.events.event(
                 row, EventKind.DELETE, now, to_state=State.DELETED, nbytes=row.kv_bytes
             )
-            self.release_blocks(live)
-            self.free_slots(live)
+            tier = row.tier
             row.state, row.tier, row.deleted_at = State.DELETED, None, now
             row.kv_blocks = row.kv_bytes = 0
             row.parked_handle = None
-            self.events.commit(row, event)
+            self.events.commit(row, event)  # refused: the row is back, nothing was freed
+            # Freed only once the commit that stops referencing them is in.
+            self.release_blocks(live)
+            self.free_slots(live, tier)
             self.registry.remove(live)
 
     def drop_corrupt(self, live: LiveSession, tier_name: str) -> None:
@@ -214,9 +216,10 @@ class CoreBase:
             nbytes=row.kv_bytes,
             detail=reason,
         )
-        self.free_slots(live)
+        tier = row.tier
         self.mark_lost(live, reason)
         self.events.commit(row, event)
+        self.free_slots(live, tier)
 
     def observe_tool_return(self, live: LiveSession) -> None:
         """The agent is back from its tool: record how long the tool took (learned pauses)."""
@@ -308,8 +311,9 @@ class CoreBase:
         row.kv_blocks = row.kv_bytes = 0
         row.parked_handle, row.checksum = None, None
 
-    def free_slots(self, live: LiveSession) -> None:
-        tier = self.tiers.get(live.row.tier or "")
+    def free_slots(self, live: LiveSession, tier_name: str | None = None) -> None:
+        """Free the session's slots in ``tier_name`` (default: the row's tier)."""
+        tier = self.tiers.get((tier_name if tier_name is not None else live.row.tier) or "")
         if tier is not None:
             tier.free(live.key)
         live.slots = []

@@ -32,6 +32,7 @@ from agentpark.errors import (
     InvalidStateError,
     LimitExceededError,
     PoolFullError,
+    StorageUnavailableError,
     TierFullError,
 )
 from agentpark.parking.admission import Admission
@@ -357,6 +358,7 @@ class InProcessDriver:
         row = live.row
         started = time.perf_counter()
         logits = live.next_logits
+        old_len, old_logits = len(live.tokens), live.next_logits  # put back if refused
         if prompt_tokens:
             logits = self.engine.extend(live.block_table, len(live.tokens), prompt_tokens)
             live.tokens.extend(prompt_tokens)
@@ -381,7 +383,12 @@ class InProcessDriver:
                 duration_ms=(time.perf_counter() - started) * 1e3,
                 detail=f"prompt={len(prompt_tokens)} new={len(new)}",
             )
-            self.core.events.commit(row, event)
+            try:
+                self.core.events.commit(row, event)
+            except StorageUnavailableError:  # as if this call never ran (its blocks: _trim)
+                del live.tokens[old_len:]
+                live.next_logits = old_logits
+                raise
             self.core.counters.tokens_generated += len(new)
         return new
 

@@ -9,6 +9,7 @@ from agentpark.enums import Decision, EventKind, Reason, State, TierChoice
 from agentpark.errors import (
     InvalidRequestError,
     InvalidStateError,
+    StorageUnavailableError,
     TransferError,
 )
 from agentpark.parking.base import BACKGROUND_REASONS, CoreBase
@@ -114,10 +115,15 @@ class Pausing(CoreBase):
             row.state = State.ACTIVE
             self.events.failure(row, EventKind.PAUSE_FAILED, exc, at=time.time(), to_tier=dst.name)
             raise as_transfer_error("pause", exc) from exc
-        self.release_blocks(live)
-        self.commit_parked(
-            live, dst, slots, digest, len(blocks), started, tool, expected_resume_s, reason
-        )
+        try:
+            self.commit_parked(
+                live, dst, slots, digest, len(blocks), started, tool, expected_resume_s, reason
+            )
+        except StorageUnavailableError:  # the row is ACTIVE again; so is the rest
+            dst.free(live.key)
+            live.slots = []
+            raise
+        self.release_blocks(live)  # only once the commit says the copy holds the KV
         return (time.perf_counter() - started) * 1e3
 
     def commit_parked(
@@ -230,8 +236,6 @@ class Pausing(CoreBase):
                 f"the parked copy in {src.name} failed its checksum; the session is lost "
                 "and will be recomputed on resume"
             )
-        src.free(live.key)
-        live.slots = slots
         now = time.time()
         elapsed_ms = (time.perf_counter() - started) * 1e3
         event = self.events.event(
@@ -248,5 +252,11 @@ class Pausing(CoreBase):
         )
         row.tier, row.parked_handle, row.tier_since = dst.name, {"slots": slots}, now
         row.checksum = digest or row.checksum
-        self.events.commit(row, event)
+        try:
+            self.events.commit(row, event)
+        except StorageUnavailableError:  # the row names the old copy again: keep it
+            dst.free(live.key)
+            raise
+        src.free(live.key)
+        live.slots = slots
         return MoveResult(row, src.name, elapsed_ms)

@@ -7,6 +7,7 @@ import time
 from agentpark.enums import EventKind, Reason, RestoredFrom, State
 from agentpark.errors import (
     InvalidStateError,
+    StorageUnavailableError,
 )
 from agentpark.parking.base import BACKGROUND_REASONS, CoreBase
 from agentpark.parking.registry import LiveSession
@@ -60,6 +61,7 @@ class Restoring(CoreBase):
         """
         row = live.row
         started = time.perf_counter()
+        old_tokens, old_logits = live.tokens, live.next_logits  # put back if refused
         parked = row.tier is not None
         from_state = State.PARKED if parked else State.LOST
         from_tier = row.tier
@@ -82,8 +84,7 @@ class Restoring(CoreBase):
             )
             raise as_transfer_error("resume", exc) from exc
         recomputed = restored_from == RestoredFrom.RECOMPUTE
-        if not recomputed:
-            self.free_slots(live)
+        src_tier = row.tier
         live.block_table = blocks
         if keep_tokens is not None:
             live.tokens = live.tokens[:keep_tokens]
@@ -107,7 +108,15 @@ class Restoring(CoreBase):
         if not recomputed:
             self.mover.measured(event.bytes or 0, elapsed_ms)
         self.sync_kv(live, log_changed=recomputed or keep_tokens is not None)
-        self.events.commit(row, event)
+        try:
+            self.events.commit(row, event)
+        except StorageUnavailableError:  # the row is as before: parked (or lost) again
+            live.block_table = []
+            live.tokens, live.next_logits = old_tokens, old_logits
+            self.host.release(live, blocks)
+            raise
+        if not recomputed:  # only once the commit that stops referencing them is in
+            self.free_slots(live, src_tier)
         if reason not in (Reason.PREFETCH, Reason.GENERATE):
             self.observe_tool_return(live)
         return ResumeResult(row, restored_from, elapsed_ms)

@@ -10,6 +10,7 @@ from agentpark.blocks import PoolGeometry
 from agentpark.enums import Decision, Reason, RestoredFrom, Tier, TierChoice
 from agentpark.errors import (
     PoolFullError,
+    StorageUnavailableError,
     TransferError,
 )
 from agentpark.parking.mover import Endpoint
@@ -114,6 +115,6 @@ class MoveResult:
 
 
 def as_transfer_error(what: str, exc: Exception) -> Exception:
-    if isinstance(exc, TransferError | PoolFullError):
+    if isinstance(exc, TransferError | PoolFullError | StorageUnavailableError):
         return exc
     return TransferError(f"{what} failed: {exc}", operation=what)
