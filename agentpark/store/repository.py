@@ -57,6 +57,11 @@ class SessionStore:
         self._factory = factory
         self.health = health or StorageHealth()
 
+    @property
+    def url(self) -> str:
+        """The database, password hidden (for messages)."""
+        return self._engine.url.render_as_string(hide_password=True)
+
     def close(self) -> None:
         self._engine.dispose()
 
@@ -146,6 +151,11 @@ class SessionStore:
                 SessionRow.tenant == tenant, SessionRow.session_id == session_id
             )
             return db.scalars(stmt).one_or_none()
+
+    def knows_sessions(self) -> bool:
+        """Whether the database holds any session row at all (deleted ones included)."""
+        with self._engine.connect() as conn:
+            return conn.execute(select(_SESSIONS.c.seq).limit(1)).first() is not None
 
     def live_rows(self) -> Sequence[SessionRow]:
         """Every session not deleted, oldest first: what the daemon re-attaches at start."""
