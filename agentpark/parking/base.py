@@ -16,6 +16,8 @@ from sqlalchemy.exc import IntegrityError
 from agentpark.blocks import PoolGeometry
 from agentpark.enums import EventKind, Reason, State
 from agentpark.errors import (
+    AgentparkError,
+    ConfigError,
     InvalidRequestError,
     NotReadyError,
     SessionExistsError,
@@ -220,6 +222,80 @@ class CoreBase:
         self.mark_lost(live, reason)
         self.events.commit(row, event)
         self.free_slots(live, tier)
+
+    # ---- tier files that disappear while running ---------------------------------------
+
+    def tier_gone(self, tier: HostTier) -> str | None:
+        """Why ``tier``'s file is no longer ours (removed, replaced), or None; logged once."""
+        gone: str | None = getattr(tier, "gone", None)
+        if gone is not None:
+            return gone
+        missing = getattr(tier, "missing", None)
+        why: str | None = missing() if missing is not None else None
+        if why is None:
+            return None
+        tier.gone = why  # type: ignore[attr-defined]
+        log.error(
+            "%s tier: %s while the daemon runs; its parked sessions are lost (recomputed "
+            "from their tokens on resume) and new pauses go to other tiers until the file "
+            "is re-created",
+            tier.name,
+            why,
+        )
+        return why
+
+    def lose_copy(self, live: LiveSession, tier_name: str, why: str) -> None:
+        """The session's parked copy is gone with its tier file: LOST (the caller holds it)."""
+        row = live.row
+        reason = f"the {tier_name} tier file is gone: {why}"
+        event = self.events.event(
+            row,
+            EventKind.LOST,
+            time.time(),
+            from_state=row.state,
+            to_state=State.LOST,
+            from_tier=tier_name,
+            reason=Reason.TIER_FILE_MISSING,
+            nbytes=row.kv_bytes,
+            detail=reason,
+        )
+        self.mark_lost(live, reason)
+        self.events.commit(row, event)
+        self.free_slots(live, tier_name)
+
+    def check_tier_files(self) -> int:
+        """Notice tier files removed or replaced (policy tick); returns sessions lost.
+
+        Each parked session of a gone tier becomes LOST (a busy one on a later tick, or
+        at its next restore); once none holds a slot there, the file is made again.
+        """
+        lost = 0
+        for tier in self.tiers.values():
+            why = self.tier_gone(tier)
+            if why is None:
+                continue
+            for live in self.registry.all():
+                if live.row.state != State.PARKED or live.row.tier != tier.name:
+                    continue
+                try:
+                    self.registry.acquire(live, "lose", background=True)
+                except AgentparkError:
+                    continue  # a user operation has it: its restore notices
+                try:
+                    if live.row.state == State.PARKED and live.row.tier == tier.name:
+                        self.lose_copy(live, tier.name, why)
+                        lost += 1
+                finally:
+                    self.registry.release(live)
+            reopen = getattr(tier, "reopen", None)
+            if reopen is not None and tier.used_blocks == 0:
+                try:
+                    reopen()
+                except (OSError, ConfigError) as exc:
+                    log.debug("%s tier: cannot re-create the file yet: %s", tier.name, exc)
+                else:
+                    log.warning("%s tier: file re-created; the tier is in use again", tier.name)
+        return lost
 
     def observe_tool_return(self, live: LiveSession) -> None:
         """The agent is back from its tool: record how long the tool took (learned pauses)."""

@@ -124,11 +124,16 @@ class Restoring(CoreBase):
     def _restore_copy(self, live: LiveSession, blocks: list[int]) -> bool:
         """Copy the parked copy into ``blocks``, checked against its checksum as it goes.
 
-        A mismatch marks the session LOST (its slots freed) and returns False: ``blocks``
-        then hold nothing usable, and the caller recomputes into them.
+        A mismatch, or a tier file removed or replaced while running, marks the session
+        LOST (its slots freed) and returns False: ``blocks`` then hold nothing usable, and
+        the caller recomputes into them.
         """
         row = live.row
         tier = self.tiers[row.tier or ""]
+        gone = self.tier_gone(tier)
+        if gone is not None:  # the file was removed or replaced: the copy is not ours
+            self.lose_copy(live, tier.name, gone)
+            return False
         slots = live.slots[: len(blocks)]
         if self.mover.restore(tier, slots, live.slots, self._endpoint(), blocks, row.checksum):
             return True

@@ -120,6 +120,7 @@ class PolicyService:
     def tick(self, now: float | None = None) -> list[Action]:
         """Plan and carry out; an action that fails (busy, full) is retried next tick."""
         done: list[Action] = []
+        self.core.check_tier_files()  # a file removed or replaced: its sessions are lost
         for action in self.plan(time.time() if now is None else now):
             tenant, session_id = action.key
             try:

@@ -31,14 +31,14 @@ import mmap
 import os
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from agentpark.blocks import PoolGeometry
-from agentpark.errors import ConfigError
+from agentpark.errors import ConfigError, TierFullError
 from agentpark.tiers.base import SlotTier
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "FileTier", "orphaned", "read_header"]
@@ -96,6 +96,9 @@ class FileTier(SlotTier):
         self.model_uid = model_uid
         self.reattached = False
         self.attach_problem: str | None = None
+        # Why the file at ``path`` is no longer this tier's (removed, replaced), once the
+        # core noticed: new pauses go elsewhere until :meth:`reopen` makes a new file.
+        self.gone: str | None = None
         self._offsets: list[int] = []
         offset = HEADER_BYTES
         for spec in geometry.arrays:
@@ -139,6 +142,27 @@ class FileTier(SlotTier):
         self.reattached = False
         self._map_file(self._create())
         return aside
+
+    def allocate(self, owner: Hashable, n: int) -> list[int]:
+        if self.gone is not None and n:
+            raise TierFullError(
+                f"{self.name} tier is unavailable: {self.gone}",
+                tier=self.name,
+                needed_blocks=n,
+                free_blocks=0,
+                capacity_blocks=self.capacity_blocks,
+            )
+        return super().allocate(owner, n)
+
+    def reopen(self) -> None:
+        """Map a file at ``path`` again (a new one, or one that passes the checks of a
+        start) once no slot is in use: the tier is usable and persistent again."""
+        if self.used_blocks:
+            raise ValueError(f"{self.name} tier: {self.used_blocks} slots still in use")
+        self._unmap()
+        self.reattached, self.attach_problem = False, None
+        self._map_file(self._open())
+        self.gone = None
 
     def missing(self) -> str | None:
         """Why the file at ``path`` is no longer the one this tier maps, or None.
