@@ -95,11 +95,16 @@ class WalCheckpointer:
             self._thread = None
 
     def _run(self) -> None:
+        failing = False
         while not self._stop.wait(self.interval_s):
             try:
                 self.checkpoint()
             except Exception:  # a busy or full disk: SQLite's own checkpoint still runs
-                log.exception("WAL checkpoint failed")
+                if not failing:  # once per outage, not every second
+                    log.exception("WAL checkpoint failed (logged once until one works)")
+                failing = True
+            else:
+                failing = False
 
 
 class StorageHealth:
