@@ -17,11 +17,11 @@ from agentpark import __version__
 from agentpark.api import admin, dashboard, host, metrics, sessions
 from agentpark.api.handlers import AllowMiddleware, BodyLimitMiddleware, install_error_handlers
 from agentpark.config import Settings
-from agentpark.errors import AgentparkError
+from agentpark.errors import AgentparkError, ConfigError
 from agentpark.runtime import Runtime
 from agentpark.statedir import StateLock
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "freeze_heap"]
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = Runtime.start(settings, config_path, state_lock=state_lock)
+        try:
+            runtime = Runtime.start(settings, config_path, state_lock=state_lock)
+        except ConfigError as exc:  # `agentpark serve` prints it and exits 2
+            app.state.startup_error = exc
+            raise
         app.state.runtime = runtime
         warm = threading.Thread(
             target=_warm_up, args=(app, runtime), name="agentpark-warmup", daemon=True

@@ -63,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     serve = add(sub, "serve", help="run the daemon (migrates the database first)")
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, help="bind port (default 8470; 0 picks one)")
+    serve.add_argument(
+        "--tier-files",
+        choices=("refuse", "adopt", "discard"),
+        help="tier files with data next to a database that knows no session: refuse to "
+        "start (default), adopt them (every slot free) or discard them (moved aside); "
+        "overrides reliability.tier_files",
+    )
     serve.set_defaults(run=_serve)
 
     db = add(sub, "db", help="database maintenance")
@@ -227,6 +234,9 @@ def _serve(args: argparse.Namespace) -> int:
         update={k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     )
     settings = settings.model_copy(update={"server": server})
+    if args.tier_files is not None:
+        reliability = settings.reliability.model_copy(update={"tier_files": args.tier_files})
+        settings = settings.model_copy(update={"reliability": reliability})
     if settings.dma.backend != "tpu_sync":  # tpu_sync is checked when the engine exists
         select_transfer(settings.dma.backend)  # refuse what this host cannot run, before binding
     # One daemon per state dir: a second one stops here, naming the holder's pid, before
@@ -240,7 +250,14 @@ def _serve(args: argparse.Namespace) -> int:
         # What start-up made lives as long as the daemon: out of the GC once warm (the
         # app's warm-up freezes it; agentpark.app.freeze_heap says why).
         app.state.freeze_heap = True
-        daemon.run()
+        try:
+            daemon.run()  # uvicorn exits (SystemExit 3) when the lifespan fails to start
+        except SystemExit:
+            if getattr(app.state, "startup_error", None) is None:
+                raise
+        error = getattr(app.state, "startup_error", None)
+        if error is not None:
+            raise error  # main() prints it and exits 2
     finally:
         lock.release()  # idempotent; a startup that failed leaves it to this
     return 0

@@ -189,6 +189,31 @@ class LimitSettings(_Section):
     max_metadata_bytes: int = Field(
         65_536, ge=0, le=1_073_741_824, description="largest session metadata (JSON); 413"
     )
+    admission_timeout_s: float = Field(
+        30.0,
+        ge=0.0,
+        le=3600.0,
+        description="a generate or resume waits this long in the queue for pool blocks; 507",
+    )
+    background_yield_s: float = Field(
+        30.0,
+        ge=0.0,
+        le=3600.0,
+        description="a request waits this long for the daemon's own work on its session",
+    )
+
+
+class ReliabilitySettings(_Section):
+    """What the daemon does about its own storage: the database and the tier files."""
+
+    tier_files: Literal["refuse", "adopt", "discard"] = Field(
+        "refuse",
+        description="tier files with parked data but a database that knows no session: "
+        "refuse to start, adopt them (keep the files, every slot free) or discard them",
+    )
+    storage_probe_s: float = Field(
+        1.0, ge=0.05, le=3600.0, description="while writes fail, try one this often"
+    )
 
 
 class DownsampleRule(_Section):
@@ -271,6 +296,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     integrity: IntegritySettings = IntegritySettings()
     shutdown: ShutdownSettings = ShutdownSettings()
+    reliability: ReliabilitySettings = ReliabilitySettings()
     policy: PolicySettings = PolicySettings()
     dashboard: DashboardSettings = DashboardSettings()
 

@@ -91,6 +91,7 @@ class Reason(StrEnum):
     GENERATE = "generate"  # a generate on a parked session brought it back
     BREAK_EVEN = "break_even"  # kept: the pause is too short to be worth parking
     CHECKSUM = "checksum"
+    TIER_FILE_MISSING = "tier_file_missing"  # a tier file removed or replaced while running
 
 
 class EventKind(StrEnum):

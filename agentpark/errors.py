@@ -17,6 +17,7 @@ The hierarchy::
     │   ├── PoolFullError               507 pool_full
     │   └── TierFullError               507 tier_full
     ├── NotReadyError                   503 not_ready
+    ├── StorageUnavailableError         503 storage_unavailable
     └── TransferError                   500 transfer_failed
 
 Each class carries its HTTP status and a stable machine-readable ``code``, and nothing
@@ -28,6 +29,7 @@ the same two attributes. Modules below the API raise these and know no HTTP.
 
 from __future__ import annotations
 
+import math
 from http import HTTPStatus
 from typing import Any, ClassVar
 
@@ -50,6 +52,7 @@ __all__ = [
     "SessionBusyError",
     "SessionExistsError",
     "SessionNotFoundError",
+    "StorageUnavailableError",
     "TierFullError",
     "TransferError",
     "ValidationFailure",
@@ -68,6 +71,15 @@ class AgentparkError(Exception):
         super().__init__(message)
         self.message = message
         self.details = details
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """HTTP headers of the answer: ``Retry-After`` when ``details`` has
+        ``retry_after_s`` (a time-out that may pass, a store that may come back)."""
+        retry = self.details.get("retry_after_s")
+        if retry is None:
+            return {}
+        return {"Retry-After": str(max(1, math.ceil(float(retry))))}
 
     def to_body(self) -> dict[str, Any]:
         """The JSON error envelope the API returns."""
@@ -125,12 +137,13 @@ class SessionBusyError(ConflictError):
 
     code = "session_busy"
 
-    def __init__(self, session_id: str, operation: str, in_flight: str) -> None:
+    def __init__(self, session_id: str, operation: str, in_flight: str, **details: Any) -> None:
         super().__init__(
             f"cannot {operation} session {session_id!r}: a {in_flight} is in flight",
             session_id=session_id,
             operation=operation,
             in_flight=in_flight,
+            **details,
         )
 
 
@@ -184,6 +197,17 @@ class NotReadyError(AgentparkError):
 
     status = 503
     code = "not_ready"
+
+
+class StorageUnavailableError(AgentparkError):
+    """The database refused a write (disk full, I/O error, locked); nothing changed.
+
+    The operation is rolled back in memory too, /readyz says not ready, and the daemon
+    comes back by itself as soon as a write succeeds again; retry after Retry-After.
+    """
+
+    status = 503
+    code = "storage_unavailable"
 
 
 class TransferError(AgentparkError):

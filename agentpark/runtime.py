@@ -20,13 +20,14 @@ from agentpark.parking import CoreOptions, InProcessDriver, SessionCore, drain, 
 from agentpark.policy.service import PolicyService
 from agentpark.snapshot import HostSnapshot
 from agentpark.statedir import StateLock
-from agentpark.store.db import WalCheckpointer, open_database
+from agentpark.store.db import StorageProbe, WalCheckpointer, open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
 from agentpark.store.samples import SampleStore
 from agentpark.tiers.base import BackendHeldTier, HostTier
 from agentpark.tiers.disk import DiskTier
 from agentpark.tiers.dram import DramTier
+from agentpark.tiers.filetier import orphaned
 from agentpark.tiers.shm import ShmTier, default_shm_path
 
 __all__ = ["Runtime"]
@@ -48,6 +49,7 @@ class Runtime:
     config_path: Path | None = None  # what SIGHUP and /v1/admin/reload read again
     checkpointer: WalCheckpointer | None = None  # keeps WAL checkpoints off the request path
     state_lock: StateLock | None = None  # this daemon's hold on state_dir, dropped at shutdown
+    probe: StorageProbe | None = None  # while writes fail, tries one now and then
 
     @classmethod
     def start(
@@ -94,9 +96,18 @@ class Runtime:
                 hash_thread=settings.dma.hash_thread,
             )
             tiers = build_tiers(settings, engine.geometry, engine.model_uid)
+            try:
+                settle_orphans(store, tiers, settings.reliability.tier_files)
+            except BaseException:
+                for tier in tiers:
+                    tier.close()
+                store.close()
+                raise
         checksums = settings.integrity.checksum != "none"
         options = CoreOptions(
-            checksum_tiers=frozenset(settings.integrity.tiers) if checksums else frozenset()
+            checksum_tiers=frozenset(settings.integrity.tiers) if checksums else frozenset(),
+            background_yield_s=settings.limits.background_yield_s,
+            admission_timeout_s=settings.limits.admission_timeout_s,
         )
         driver = in_process_core(
             store,
@@ -130,6 +141,9 @@ class Runtime:
         )
         runtime.checkpointer = WalCheckpointer(db_engine)
         runtime.checkpointer.start()
+        interval = settings.reliability.storage_probe_s
+        runtime.probe = StorageProbe(store.health, store.probe, interval)
+        runtime.probe.start()
         return runtime
 
     @property
@@ -189,6 +203,8 @@ class Runtime:
                 tier.close()
             if self.checkpointer is not None:
                 self.checkpointer.stop()
+            if self.probe is not None:
+                self.probe.stop()
             self.store.close()
         finally:
             if self.state_lock is not None:
@@ -219,6 +235,48 @@ def build_tiers(settings: Settings, geometry: PoolGeometry, model_uid: str) -> l
         path = cfg.disk.path or settings.state_dir / "disk-tier.bin"
         tiers.append(DiskTier(path, geometry, int(cfg.disk.capacity), model_uid))
     return tiers
+
+
+def settle_orphans(store: SessionStore, tiers: list[HostTier], mode: str) -> None:
+    """Tier files with parked data next to a database that knows no session (a new or
+    emptied agentpark.db): refuse to start (ConfigError, exit 2), adopt or discard them.
+
+    ``adopt``: the file stays as it is and every slot counts as free; no session can be
+    attached to its bytes (their index was in the database), which new pauses overwrite.
+    ``discard``: the file is moved aside (``<name>.discarded-<ns>``, never deleted) and a
+    new, empty one made.
+    """
+    if store.knows_sessions():
+        return
+    found = orphaned(tiers)
+    if not found:
+        return
+    names = ", ".join(str(t.path) for t in found)
+    if mode == "refuse":
+        raise ConfigError(
+            f"tier files hold parked data but the database ({store.url}) knows no session: "
+            f"{names}. Was agentpark.db removed or replaced? Put it back, or start with "
+            "--tier-files adopt (keep the files, every slot free) or --tier-files discard "
+            "(move them aside) (config: reliability.tier_files)",
+            files=[str(t.path) for t in found],
+        )
+    for tier in found:
+        if mode == "adopt":
+            log.warning(
+                "%s tier: adopted %s: the database knows no session, so every slot is free "
+                "(the bytes there belong to no session and are overwritten by new pauses)",
+                tier.name,
+                tier.path,
+            )
+        else:
+            aside = tier.discard()
+            log.warning(
+                "%s tier: discarded %s (the database knows no session): moved it to %s and "
+                "started a new file",
+                tier.name,
+                tier.path,
+                aside,
+            )
 
 
 def _tpu_sync_parts(

@@ -9,7 +9,12 @@ from fastapi import APIRouter, Query
 from agentpark.api.deps import ParkingDep, RuntimeDep, TenantDep
 from agentpark.api.schemas import EventOut, EventPage
 from agentpark.api.schemas_host import LivenessResponse, ReadinessResponse
-from agentpark.errors import InvalidRequestError, NotReadyError, error_responses
+from agentpark.errors import (
+    InvalidRequestError,
+    NotReadyError,
+    StorageUnavailableError,
+    error_responses,
+)
 from agentpark.snapshot import HostSnapshot
 
 __all__ = ["router"]
@@ -42,9 +47,19 @@ def get_liveness() -> LivenessResponse:
     return LivenessResponse()
 
 
-@router.get("/readyz", tags=["health"], responses=error_responses(NotReadyError))
+@router.get(
+    "/readyz",
+    tags=["health"],
+    responses=error_responses(NotReadyError, StorageUnavailableError),
+)
 def get_readiness(runtime: RuntimeDep) -> ReadinessResponse:
-    """The engine is warm and sessions can be served (readiness); 503 until then."""
+    """The engine is warm and sessions can be served (readiness); 503 until then, and
+    while database writes fail (until one succeeds again)."""
     if not runtime.ready.is_set():
         raise NotReadyError("the engine is still warming up")
+    health = runtime.store.health
+    if not health.ok:
+        raise StorageUnavailableError(
+            f"database writes fail: {health.error}", since=health.since, retry_after_s=5
+        )
     return ReadinessResponse()

@@ -38,6 +38,7 @@ from agentpark.errors import (
     SessionBusyError,
     SessionExistsError,
     SessionNotFoundError,
+    StorageUnavailableError,
     TierFullError,
     TransferError,
     error_responses,
@@ -50,15 +51,19 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 # What every route on one session can answer: an unknown id, a bad tenant header or body.
 _ONE_SESSION = (SessionNotFoundError, InvalidRequestError)
-# What an operation that takes the session can answer besides.
-_OPERATION = (SessionBusyError, InvalidStateError)
+# What an operation that takes the session can answer besides (it writes the database).
+_OPERATION = (SessionBusyError, InvalidStateError, StorageUnavailableError)
 
 
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
     responses=error_responses(
-        SessionExistsError, InvalidRequestError, NotReadyError, PayloadTooLargeError
+        SessionExistsError,
+        InvalidRequestError,
+        NotReadyError,
+        PayloadTooLargeError,
+        StorageUnavailableError,
     ),
 )
 def create_session(

@@ -5,6 +5,7 @@ module            its one job
 ================  =======================================================================
 core              the state machine: create, pause/keep, resume, move, delete; host view
 registry          live sessions and their one-operation-at-a-time locks
+admission         the FIFO queue in front of the pool's blocks (wait instead of 507)
 events            the event log: build, commit with the row, notify listeners
 mover             tier slots, and byte copies keyed by (source medium, destination medium)
 recovery          re-attach sessions from SQLite at start

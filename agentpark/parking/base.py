@@ -16,6 +16,8 @@ from sqlalchemy.exc import IntegrityError
 from agentpark.blocks import PoolGeometry
 from agentpark.enums import EventKind, Reason, State
 from agentpark.errors import (
+    AgentparkError,
+    ConfigError,
     InvalidRequestError,
     NotReadyError,
     SessionExistsError,
@@ -36,11 +38,13 @@ from agentpark.store.repository import SessionStore
 from agentpark.tally import EventTally
 from agentpark.tiers.base import HostTier
 
-__all__ = ["SESSION_ID_RE", "CoreBase"]
+__all__ = ["BACKGROUND_REASONS", "SESSION_ID_RE", "CoreBase"]
 
 log = logging.getLogger(__name__)
 
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+# The daemon's own work: it yields a session to a user operation (agentpark.parking.registry).
+BACKGROUND_REASONS = frozenset({Reason.IDLE, Reason.PRESSURE, Reason.PREFETCH, Reason.DEMOTE})
 _R = TypeVar("_R")
 
 
@@ -58,7 +62,7 @@ class CoreBase:
         self.host = host
         self.mover = mover
         self.options = options or CoreOptions()
-        self.registry = Registry()
+        self.registry = Registry(self.options.background_yield_s)
         self.events = EventLog(store)
         self.counters = Counters()
         self.draining = False
@@ -189,12 +193,14 @@ class CoreBase:
             event = self.events.event(
                 row, EventKind.DELETE, now, to_state=State.DELETED, nbytes=row.kv_bytes
             )
-            self.release_blocks(live)
-            self.free_slots(live)
+            tier = row.tier
             row.state, row.tier, row.deleted_at = State.DELETED, None, now
             row.kv_blocks = row.kv_bytes = 0
             row.parked_handle = None
-            self.events.commit(row, event)
+            self.events.commit(row, event)  # refused: the row is back, nothing was freed
+            # Freed only once the commit that stops referencing them is in.
+            self.release_blocks(live)
+            self.free_slots(live, tier)
             self.registry.remove(live)
 
     def drop_corrupt(self, live: LiveSession, tier_name: str) -> None:
@@ -212,9 +218,84 @@ class CoreBase:
             nbytes=row.kv_bytes,
             detail=reason,
         )
-        self.free_slots(live)
+        tier = row.tier
         self.mark_lost(live, reason)
         self.events.commit(row, event)
+        self.free_slots(live, tier)
+
+    # ---- tier files that disappear while running ---------------------------------------
+
+    def tier_gone(self, tier: HostTier) -> str | None:
+        """Why ``tier``'s file is no longer ours (removed, replaced), or None; logged once."""
+        gone: str | None = getattr(tier, "gone", None)
+        if gone is not None:
+            return gone
+        missing = getattr(tier, "missing", None)
+        why: str | None = missing() if missing is not None else None
+        if why is None:
+            return None
+        tier.gone = why  # type: ignore[attr-defined]
+        log.error(
+            "%s tier: %s while the daemon runs; its parked sessions are lost (recomputed "
+            "from their tokens on resume) and new pauses go to other tiers until the file "
+            "is re-created",
+            tier.name,
+            why,
+        )
+        return why
+
+    def lose_copy(self, live: LiveSession, tier_name: str, why: str) -> None:
+        """The session's parked copy is gone with its tier file: LOST (the caller holds it)."""
+        row = live.row
+        reason = f"the {tier_name} tier file is gone: {why}"
+        event = self.events.event(
+            row,
+            EventKind.LOST,
+            time.time(),
+            from_state=row.state,
+            to_state=State.LOST,
+            from_tier=tier_name,
+            reason=Reason.TIER_FILE_MISSING,
+            nbytes=row.kv_bytes,
+            detail=reason,
+        )
+        self.mark_lost(live, reason)
+        self.events.commit(row, event)
+        self.free_slots(live, tier_name)
+
+    def check_tier_files(self) -> int:
+        """Notice tier files removed or replaced (policy tick); returns sessions lost.
+
+        Each parked session of a gone tier becomes LOST (a busy one on a later tick, or
+        at its next restore); once none holds a slot there, the file is made again.
+        """
+        lost = 0
+        for tier in self.tiers.values():
+            why = self.tier_gone(tier)
+            if why is None:
+                continue
+            for live in self.registry.all():
+                if live.row.state != State.PARKED or live.row.tier != tier.name:
+                    continue
+                try:
+                    self.registry.acquire(live, "lose", background=True)
+                except AgentparkError:
+                    continue  # a user operation has it: its restore notices
+                try:
+                    if live.row.state == State.PARKED and live.row.tier == tier.name:
+                        self.lose_copy(live, tier.name, why)
+                        lost += 1
+                finally:
+                    self.registry.release(live)
+            reopen = getattr(tier, "reopen", None)
+            if reopen is not None and tier.used_blocks == 0:
+                try:
+                    reopen()
+                except (OSError, ConfigError) as exc:
+                    log.debug("%s tier: cannot re-create the file yet: %s", tier.name, exc)
+                else:
+                    log.warning("%s tier: file re-created; the tier is in use again", tier.name)
+        return lost
 
     def observe_tool_return(self, live: LiveSession) -> None:
         """The agent is back from its tool: record how long the tool took (learned pauses)."""
@@ -296,6 +377,7 @@ class CoreBase:
             finally:
                 self.registry.release(live)
 
+        self.registry.detach(live)
         self._background.submit(in_background)
         return pending
 
@@ -305,8 +387,9 @@ class CoreBase:
         row.kv_blocks = row.kv_bytes = 0
         row.parked_handle, row.checksum = None, None
 
-    def free_slots(self, live: LiveSession) -> None:
-        tier = self.tiers.get(live.row.tier or "")
+    def free_slots(self, live: LiveSession, tier_name: str | None = None) -> None:
+        """Free the session's slots in ``tier_name`` (default: the row's tier)."""
+        tier = self.tiers.get((tier_name if tier_name is not None else live.row.tier) or "")
         if tier is not None:
             tier.free(live.key)
         live.slots = []

@@ -10,7 +10,7 @@ import logging
 import time
 
 from agentpark.enums import EventKind, Reason, State, TierChoice
-from agentpark.errors import AgentparkError
+from agentpark.errors import AgentparkError, StorageUnavailableError
 from agentpark.parking.core import SessionCore
 from agentpark.parking.registry import LiveSession
 from agentpark.tiers.base import HostTier
@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 def drain(core: SessionCore, deadline_s: float) -> dict[str, int]:
     """Park everything within ``deadline_s``; returns how many ended which way."""
     core.draining = True
+    wake = getattr(core.host, "wake", None)
+    if wake is not None:  # requests waiting for pool blocks give up (503) now
+        wake()
     deadline = time.monotonic() + deadline_s
     persistent = core.mover.candidates(TierChoice.AUTO, persistent_only=True)
     summary = {"parked": 0, "moved": 0, "already_safe": 0, "lost": 0}
@@ -78,9 +81,15 @@ def _lose(core: SessionCore, live: LiveSession, reason: str, locked: bool = True
         nbytes=row.kv_bytes,
         detail=reason,
     )
+    tier = row.tier
+    core.mark_lost(live, reason)
+    try:
+        core.events.commit(row, event)
+    except StorageUnavailableError:
+        # The next start finds the row as last written and recovers it from that.
+        log.error("drain: could not record %s/%s as lost: storage unavailable", *live.key)
+        return "lost"
     if locked:
         core.release_blocks(live)
-        core.free_slots(live)
-    core.mark_lost(live, reason)
-    core.events.commit(row, event)
+        core.free_slots(live, tier)
     return "lost"

@@ -3,6 +3,10 @@ it explains, then handed to the listeners (metrics, learned tool pauses, counter
 
 Listeners added after start-up first see the events start-up wrote (sessions lost to a
 restart), so metrics count those too. A listener that raises is logged, never fatal.
+
+A commit the database refuses puts the row back as it was last written and raises
+StorageUnavailableError (503): the caller undoes the rest of its step (blocks, slots,
+tokens), so memory and the database agree on what happened: nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 from agentpark.enums import EventKind, Reason
+from agentpark.errors import StorageUnavailableError
 from agentpark.store.models import EventRow, SessionRow
 from agentpark.store.repository import SessionStore
 
@@ -72,8 +77,15 @@ class EventLog:
         self._notify(event)
 
     def commit(self, row: SessionRow, *events: EventRow) -> None:
-        """Persist the row with the events that explain it, then notify."""
-        self.store.save(row, *events)
+        """Persist the row with the events that explain it, then notify.
+
+        Refused by the database: the row is put back as last written, and it raises.
+        """
+        try:
+            self.store.save(row, *events)
+        except StorageUnavailableError:
+            self.store.revert(row)
+            raise
         for event in events:
             self._notify(event)
 
@@ -104,7 +116,15 @@ class EventLog:
             to_tier=to_tier,
             detail=f"{type(exc).__name__}: {exc}",
         )
-        self.commit(row, event)
+        try:
+            self.commit(row, event)
+        except StorageUnavailableError:  # the failure itself is what the caller raises
+            log.error(
+                "could not record %s for %s/%s: storage unavailable",
+                kind,
+                row.tenant,
+                row.session_id,
+            )
 
     def _notify(self, event: EventRow) -> None:
         for listener in self._listeners:

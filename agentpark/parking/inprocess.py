@@ -2,8 +2,14 @@
 
 The reference engine (or any :class:`~agentpark.engine.base.EngineAdapter`) owns the pool
 and its block allocator; this driver allocates a session's blocks, runs generate (prefill
-and decode), recomputes a lost session from its token log, and makes room for a generate
-by parking idle sessions (least recently used first) before it allocates.
+and decode), and recomputes a lost session from its token log.
+
+A generate or resume that needs blocks goes through admission (agentpark.parking.admission):
+it parks idle sessions (least recently used first) to make room, and when none can be
+parked it waits in a FIFO queue for blocks instead of failing; 507 ``pool_full`` only
+after ``admission_timeout_s``, with Retry-After. A generate that must wait while holding
+blocks of its own parks itself first, so that waiters never hold the blocks the head of
+the queue needs (it is restored, as a parked session's generate is, once admitted).
 """
 
 from __future__ import annotations
@@ -19,14 +25,17 @@ from agentpark.blocks import PoolExhaustedError
 from agentpark.dma.base import Transfer
 from agentpark.engine.base import EngineAdapter
 from agentpark.engine.sampling import sample
-from agentpark.enums import EventKind, Reason, RestoredFrom, State
+from agentpark.enums import EventKind, Reason, RestoredFrom, State, TierChoice
 from agentpark.errors import (
     AgentparkError,
     InvalidRequestError,
     InvalidStateError,
     LimitExceededError,
     PoolFullError,
+    StorageUnavailableError,
+    TierFullError,
 )
+from agentpark.parking.admission import Admission
 from agentpark.parking.core import CoreOptions, PauseOrder, SessionCore
 from agentpark.parking.mover import EnginePool, Mover
 from agentpark.parking.recovery import recover
@@ -64,6 +73,7 @@ class InProcessDriver:
         self.model_uid = engine.model_uid
         self.backend_name = transfer.name
         self._pool = EnginePool(engine)
+        self.admission = Admission(lambda: self.engine.allocator.num_free)
         self.core: SessionCore  # set by in_process_core
 
     # ---- KVHost -------------------------------------------------------------------------
@@ -72,24 +82,93 @@ class InProcessDriver:
         return self._pool
 
     def claim(self, live: LiveSession, n: int) -> list[int]:
-        if n <= 0:
-            return []
+        """``n`` blocks for a restore of ``live``: admitted in turn, room made, or waited for."""
+        return self._admit(live, n, None)
+
+    def _allocate(self, live: LiveSession, n: int) -> list[int]:
         try:
             return self.engine.allocator.allocate(live.key, n)
         except PoolExhaustedError as exc:
-            block = self.geometry.block_nbytes
-            raise PoolFullError(
-                f"KV pool is full: needs {exc.needed} blocks ({exc.needed * block} bytes), "
-                f"{exc.free} of {exc.total} free",
-                needed_blocks=exc.needed,
-                free_blocks=exc.free,
-                total_blocks=exc.total,
-                block_bytes=block,
-            ) from None
+            raise self._full(exc.needed, exc.free, exc.total) from None
+
+    def _full(
+        self, needed: int, free: int, total: int, waited_s: float | None = None
+    ) -> PoolFullError:
+        block = self.geometry.block_nbytes
+        extra: dict[str, float] = {}
+        if waited_s is not None:  # a queue that did not move in time: try again soon
+            extra = {"waited_s": waited_s, "retry_after_s": min(waited_s, 5.0)}
+        waited = "" if waited_s is None else f" after waiting {waited_s:g}s for room"
+        return PoolFullError(
+            f"KV pool is full{waited}: needs {needed} blocks ({needed * block} bytes), "
+            f"{free} of {total} free",
+            needed_blocks=needed,
+            free_blocks=free,
+            total_blocks=total,
+            block_bytes=block,
+            **extra,
+        )
+
+    def _admit(self, live: LiveSession, n: int, total_tokens: int | None) -> list[int]:
+        """Blocks for ``live`` (held by the caller), in FIFO order with every other request.
+
+        ``total_tokens``: a generate's size once done; given, the session may park itself
+        while it waits (it then needs blocks for all of it, and is restored into them).
+        The daemon's own work (``live`` held in the background) never waits.
+        """
+        if n <= 0:
+            return []
+        alloc = self.engine.allocator
+        if live.lock.background:
+            blocks = self.admission.now(n, lambda k: self._allocate(live, k))
+            if blocks is None:
+                raise self._full(n, alloc.num_free, alloc.total)
+            return blocks
+        timeout = self.core.options.admission_timeout_s
+        deadline = time.monotonic() + timeout
+        ticket = self.admission.enter(n)
+        try:
+            while True:
+                self.core.refuse_if_draining()
+                if self.admission.is_head(ticket):
+                    blocks = self.admission.take(ticket, lambda k: self._allocate(live, k))
+                    if blocks is None:
+                        self._make_room(live, ticket.needed)
+                        blocks = self.admission.take(ticket, lambda k: self._allocate(live, k))
+                    if blocks is not None:
+                        return blocks
+                if total_tokens is not None and self._park_self(live):
+                    ticket.needed = self.geometry.blocks_for(total_tokens)
+                    continue
+                if not self.admission.wait(ticket, deadline):
+                    raise self._full(ticket.needed, alloc.num_free, alloc.total, timeout)
+        finally:
+            self.admission.leave(ticket)
+
+    def _park_self(self, live: LiveSession) -> bool:
+        """Park the caller's own session (it must wait for blocks): its blocks go to the
+        requests ahead of it. False when it holds none or no tier has room."""
+        row = live.row
+        if row.state != State.ACTIVE or not live.block_table:
+            return False
+        core = self.core
+        candidates = core.mover.candidates(TierChoice.AUTO)
+        try:
+            dst, slots = core.mover.reserve(live.key, candidates, len(live.block_table))
+        except TierFullError:
+            return False
+        row.state = State.PAUSING
+        core.park_locked(live, dst, slots, row.tool, None, Reason.PRESSURE)
+        return True
+
+    def wake(self) -> None:
+        """Wake every waiter (drain: they give up with 503)."""
+        self.admission.notify()
 
     def release(self, live: LiveSession, blocks: Sequence[int]) -> None:
         if blocks:
             self.engine.allocator.free(live.key, blocks)
+            self.admission.notify()
 
     def recompute(self, live: LiveSession, blocks: Sequence[int]) -> None:
         live.next_logits = self.engine.extend(blocks, 0, live.tokens)
@@ -138,10 +217,9 @@ class InProcessDriver:
             total = len(live.tokens) + len(prompt_tokens) + max_new_tokens
             self._check_fits(total)
             # Reserve every block this call needs before touching anything, so a full pool
-            # fails here with the session unchanged.
+            # fails here with the session unchanged (or parked, if it had to wait).
             need = self.geometry.blocks_for(total) - len(live.block_table)
-            self._make_room(live, need)
-            extra = self.claim(live, need)
+            extra = self._admit(live, need, total)
             restored_from = resume_ms = None
             try:
                 if row.state != State.ACTIVE:
@@ -252,8 +330,8 @@ class InProcessDriver:
         """Park idle sessions, least recently used first, until ``needed`` blocks are free.
 
         Never one that an operation holds (a generate in flight), never the caller. If
-        parking every idle session would still not make room, park none: the caller's
-        allocation then fails with 507 and the numbers.
+        parking every idle session would still not make room, park none: the caller then
+        waits in the queue for blocks to be freed.
         """
         short = needed - self.engine.allocator.num_free
         if short <= 0:
@@ -267,7 +345,7 @@ class InProcessDriver:
             try:
                 self.core.pause(*view.key, PauseOrder(reason=Reason.PRESSURE))
             except AgentparkError as exc:  # busy by now, or no tier has room
-                log.info("pressure: could not park %s: %s", view.key, exc.message)
+                log.debug("pressure: could not park %s: %s", view.key, exc.message)
 
     def _decode(
         self,
@@ -280,6 +358,7 @@ class InProcessDriver:
         row = live.row
         started = time.perf_counter()
         logits = live.next_logits
+        old_len, old_logits = len(live.tokens), live.next_logits  # put back if refused
         if prompt_tokens:
             logits = self.engine.extend(live.block_table, len(live.tokens), prompt_tokens)
             live.tokens.extend(prompt_tokens)
@@ -304,7 +383,12 @@ class InProcessDriver:
                 duration_ms=(time.perf_counter() - started) * 1e3,
                 detail=f"prompt={len(prompt_tokens)} new={len(new)}",
             )
-            self.core.events.commit(row, event)
+            try:
+                self.core.events.commit(row, event)
+            except StorageUnavailableError:  # as if this call never ran (its blocks: _trim)
+                del live.tokens[old_len:]
+                live.next_logits = old_logits
+                raise
             self.core.counters.tokens_generated += len(new)
         return new
 
@@ -348,5 +432,6 @@ def in_process_core(
     driver = InProcessDriver(engine, transfer, max_new_tokens)
     mover = Mover(engine.geometry, tiers, transfer, options.checksum_tiers)
     driver.core = SessionCore(store, driver, mover, options)
+    driver.core.registry.on_release.append(driver.admission.notify)
     recover(driver.core)
     return driver

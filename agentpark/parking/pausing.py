@@ -9,9 +9,10 @@ from agentpark.enums import Decision, EventKind, Reason, State, TierChoice
 from agentpark.errors import (
     InvalidRequestError,
     InvalidStateError,
+    StorageUnavailableError,
     TransferError,
 )
-from agentpark.parking.base import CoreBase
+from agentpark.parking.base import BACKGROUND_REASONS, CoreBase
 from agentpark.parking.registry import LiveSession
 from agentpark.parking.types import (
     MoveResult,
@@ -51,7 +52,7 @@ class Pausing(CoreBase):
             self.refuse_if_draining()
         candidates = self.mover.candidates(order.tier)
         live = self.live(tenant, session_id)
-        self.registry.acquire(live, "pause")
+        self.registry.acquire(live, "pause", background=order.reason in BACKGROUND_REASONS)
         try:
             row = live.row
             if row.state in (State.PARKED, State.LOST):
@@ -114,10 +115,15 @@ class Pausing(CoreBase):
             row.state = State.ACTIVE
             self.events.failure(row, EventKind.PAUSE_FAILED, exc, at=time.time(), to_tier=dst.name)
             raise as_transfer_error("pause", exc) from exc
-        self.release_blocks(live)
-        self.commit_parked(
-            live, dst, slots, digest, len(blocks), started, tool, expected_resume_s, reason
-        )
+        try:
+            self.commit_parked(
+                live, dst, slots, digest, len(blocks), started, tool, expected_resume_s, reason
+            )
+        except StorageUnavailableError:  # the row is ACTIVE again; so is the rest
+            dst.free(live.key)
+            live.slots = []
+            raise
+        self.release_blocks(live)  # only once the commit says the copy holds the KV
         return (time.perf_counter() - started) * 1e3
 
     def commit_parked(
@@ -198,7 +204,7 @@ class Pausing(CoreBase):
         if tier == TierChoice.AUTO:
             raise InvalidRequestError("move needs a tier name, not auto")
         (dst,) = self.mover.candidates(tier)
-        with self.registry.operation(live, "move"):
+        with self.registry.operation(live, "move", background=reason in BACKGROUND_REASONS):
             return self.move_locked(live, [dst], reason)
 
     def move_locked(
@@ -230,8 +236,6 @@ class Pausing(CoreBase):
                 f"the parked copy in {src.name} failed its checksum; the session is lost "
                 "and will be recomputed on resume"
             )
-        src.free(live.key)
-        live.slots = slots
         now = time.time()
         elapsed_ms = (time.perf_counter() - started) * 1e3
         event = self.events.event(
@@ -248,5 +252,11 @@ class Pausing(CoreBase):
         )
         row.tier, row.parked_handle, row.tier_since = dst.name, {"slots": slots}, now
         row.checksum = digest or row.checksum
-        self.events.commit(row, event)
+        try:
+            self.events.commit(row, event)
+        except StorageUnavailableError:  # the row names the old copy again: keep it
+            dst.free(live.key)
+            raise
+        src.free(live.key)
+        live.slots = slots
         return MoveResult(row, src.name, elapsed_ms)

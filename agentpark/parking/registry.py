@@ -1,15 +1,25 @@
 """The live sessions of this process and the one-operation-at-a-time lock of each.
 
 A session's row lives in SQLite; its in-process half (token log, blocks, tier slots) lives
-here. An operation takes the session's lock without waiting: a second operation on the
-same session is refused with 409 ``session_busy`` naming the one in flight, so a caller
-never waits behind a slow copy it did not ask for.
+here. One operation at a time holds a session, and who holds it decides what a second
+caller gets:
+
+- a user operation (an API call) behind another user operation: 409 ``session_busy``
+  naming the one in flight; two callers racing on one session is the caller's conflict.
+- a user operation behind the daemon's own work (a background operation: idle or
+  pressure park, prefetch, demotion, a generate making room): it waits for that to
+  finish, up to ``yield_s``; the daemon never makes a user request fail.
+- a user operation behind a ``wait=false`` copy that has already shown its final state
+  (it is only committing and letting go): it waits too, so a client that saw the new
+  state never gets 409 for acting on it.
+- a background operation never waits and never takes a session a user operation waits
+  for: it is skipped (the policy retries on its next tick).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -26,6 +36,23 @@ SessionKey = tuple[str, str]
 """(tenant, session_id): the same id may exist in two tenants."""
 
 
+_IN_FLIGHT = frozenset({State.PAUSING, State.RESUMING, State.RECOMPUTING})
+
+
+class SessionLock:
+    """Who holds a session (if anyone), and how many user operations wait for it."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.holder: str | None = None
+        self.background = False  # the holder is the daemon's own work
+        self.detached = False  # the holder is a wait=false copy the caller has left
+        self.waiting = 0  # user operations waiting for the holder to finish
+
+    def locked(self) -> bool:
+        return self.holder is not None
+
+
 @dataclass
 class LiveSession:
     """A session's in-process half: what only this process can know (blocks, slots)."""
@@ -35,7 +62,7 @@ class LiveSession:
     next_logits: np.ndarray | None
     block_table: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: SessionLock = field(default_factory=SessionLock)
     operation: str | None = None
 
     @property
@@ -105,10 +132,14 @@ def _on_kv_bytes(row: SessionRow, new: int, old: object, _initiator: object) -> 
 class Registry:
     """Live (not deleted) sessions by key, and their tally by state; thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, yield_s: float = 30.0) -> None:
         self._sessions: dict[SessionKey, LiveSession] = {}
         self._lock = threading.RLock()
         self.tally = StateTally()
+        self.yield_s = yield_s  # the longest a user operation waits for background work
+        # Called (no lock held) whenever a session is let go: it may be idle now, which
+        # is what a request waiting for pool blocks needs to know (it may park it).
+        self.on_release: list[Callable[[], None]] = []
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -142,34 +173,75 @@ class Registry:
 
     # ---- one operation at a time --------------------------------------------------------
 
-    @staticmethod
-    def acquire(live: LiveSession, name: str) -> None:
-        """Take the session for one operation, or refuse: operations never queue."""
-        if not live.lock.acquire(blocking=False):
-            raise SessionBusyError(live.row.session_id, name, live.operation or "operation")
-        live.operation = name
+    def acquire(self, live: LiveSession, name: str, *, background: bool = False) -> None:
+        """Take the session for one operation, or refuse (see the module's docstring).
+
+        ``background``: the daemon's own work; it is refused (409, which the policy loop
+        logs and retries) whenever the session is held or a user operation waits for it.
+        """
+        lk = live.lock
+        with lk.cond:
+            if lk.holder is not None or (background and lk.waiting):
+                if background or not self._yields(live):
+                    raise SessionBusyError(
+                        live.row.session_id, name, lk.holder or "waiting user operation"
+                    )
+                lk.waiting += 1
+                try:
+                    free = lk.cond.wait_for(
+                        lambda: lk.holder is None or not self._yields(live), self.yield_s
+                    )
+                finally:
+                    lk.waiting -= 1
+                if not free or lk.holder is not None:
+                    raise SessionBusyError(
+                        live.row.session_id, name, lk.holder or "operation", waited_s=self.yield_s
+                    )
+            lk.holder, lk.background, lk.detached = name, background, False
+            live.operation = name
         if live.row.state == State.DELETED:
-            Registry.release(live)
+            self.release(live)
             raise InvalidStateError(
                 f"session {live.row.session_id!r} is deleted", state=State.DELETED
             )
 
     @staticmethod
-    def acquire_waiting(live: LiveSession, name: str, timeout: float) -> bool:
-        """Take the session, waiting up to ``timeout`` seconds (drain); False if not."""
-        if not live.lock.acquire(timeout=max(timeout, 0.0)):
-            return False
-        live.operation = name
-        return True
+    def _yields(live: LiveSession) -> bool:
+        """Whether the holder gives way to a user operation (it is waited for, not 409)."""
+        lk = live.lock
+        return lk.background or (lk.detached and live.row.state not in _IN_FLIGHT)
 
     @staticmethod
-    def release(live: LiveSession) -> None:
-        live.operation = None
-        live.lock.release()
+    def detach(live: LiveSession) -> None:
+        """The holder goes on in the background after its caller got an answer (wait=false)."""
+        with live.lock.cond:
+            live.lock.detached = True
+
+    @staticmethod
+    def acquire_waiting(live: LiveSession, name: str, timeout: float) -> bool:
+        """Take the session, waiting up to ``timeout`` seconds (drain); False if not."""
+        lk = live.lock
+        with lk.cond:
+            if not lk.cond.wait_for(lambda: lk.holder is None, max(timeout, 0.0)):
+                return False
+            lk.holder, lk.background, lk.detached = name, False, False
+            live.operation = name
+        return True
+
+    def release(self, live: LiveSession) -> None:
+        lk = live.lock
+        with lk.cond:
+            live.operation = None
+            lk.holder, lk.background, lk.detached = None, False, False
+            lk.cond.notify_all()
+        for hook in self.on_release:
+            hook()
 
     @contextmanager
-    def operation(self, live: LiveSession, name: str) -> Iterator[LiveSession]:
-        self.acquire(live, name)
+    def operation(
+        self, live: LiveSession, name: str, *, background: bool = False
+    ) -> Iterator[LiveSession]:
+        self.acquire(live, name, background=background)
         try:
             yield live
         finally:

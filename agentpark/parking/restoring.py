@@ -7,8 +7,9 @@ import time
 from agentpark.enums import EventKind, Reason, RestoredFrom, State
 from agentpark.errors import (
     InvalidStateError,
+    StorageUnavailableError,
 )
-from agentpark.parking.base import CoreBase
+from agentpark.parking.base import BACKGROUND_REASONS, CoreBase
 from agentpark.parking.registry import LiveSession
 from agentpark.parking.types import (
     ResumeResult,
@@ -27,7 +28,7 @@ class Restoring(CoreBase):
         """Bring the session's KV back into the pool (copy, or recompute if it is gone)."""
         self.refuse_if_draining()
         live = self.live(tenant, session_id)
-        self.registry.acquire(live, "resume")
+        self.registry.acquire(live, "resume", background=reason in BACKGROUND_REASONS)
         try:
             row = live.row
             if row.state == State.ACTIVE:
@@ -60,6 +61,7 @@ class Restoring(CoreBase):
         """
         row = live.row
         started = time.perf_counter()
+        old_tokens, old_logits = live.tokens, live.next_logits  # put back if refused
         parked = row.tier is not None
         from_state = State.PARKED if parked else State.LOST
         from_tier = row.tier
@@ -82,8 +84,7 @@ class Restoring(CoreBase):
             )
             raise as_transfer_error("resume", exc) from exc
         recomputed = restored_from == RestoredFrom.RECOMPUTE
-        if not recomputed:
-            self.free_slots(live)
+        src_tier = row.tier
         live.block_table = blocks
         if keep_tokens is not None:
             live.tokens = live.tokens[:keep_tokens]
@@ -107,7 +108,15 @@ class Restoring(CoreBase):
         if not recomputed:
             self.mover.measured(event.bytes or 0, elapsed_ms)
         self.sync_kv(live, log_changed=recomputed or keep_tokens is not None)
-        self.events.commit(row, event)
+        try:
+            self.events.commit(row, event)
+        except StorageUnavailableError:  # the row is as before: parked (or lost) again
+            live.block_table = []
+            live.tokens, live.next_logits = old_tokens, old_logits
+            self.host.release(live, blocks)
+            raise
+        if not recomputed:  # only once the commit that stops referencing them is in
+            self.free_slots(live, src_tier)
         if reason not in (Reason.PREFETCH, Reason.GENERATE):
             self.observe_tool_return(live)
         return ResumeResult(row, restored_from, elapsed_ms)
@@ -115,11 +124,16 @@ class Restoring(CoreBase):
     def _restore_copy(self, live: LiveSession, blocks: list[int]) -> bool:
         """Copy the parked copy into ``blocks``, checked against its checksum as it goes.
 
-        A mismatch marks the session LOST (its slots freed) and returns False: ``blocks``
-        then hold nothing usable, and the caller recomputes into them.
+        A mismatch, or a tier file removed or replaced while running, marks the session
+        LOST (its slots freed) and returns False: ``blocks`` then hold nothing usable, and
+        the caller recomputes into them.
         """
         row = live.row
         tier = self.tiers[row.tier or ""]
+        gone = self.tier_gone(tier)
+        if gone is not None:  # the file was removed or replaced: the copy is not ours
+            self.lose_copy(live, tier.name, gone)
+            return False
         slots = live.slots[: len(blocks)]
         if self.mover.restore(tier, slots, live.slots, self._endpoint(), blocks, row.checksum):
             return True

@@ -10,6 +10,7 @@ from agentpark.blocks import PoolGeometry
 from agentpark.enums import Decision, Reason, RestoredFrom, Tier, TierChoice
 from agentpark.errors import (
     PoolFullError,
+    StorageUnavailableError,
     TransferError,
 )
 from agentpark.parking.mover import Endpoint
@@ -60,6 +61,10 @@ class KVHost(Protocol):
 class CoreOptions:
     checksum_tiers: frozenset[str] = frozenset({Tier.SHM, Tier.DISK})
     background_workers: int = 4
+    # The longest a user operation waits for the daemon's own work on its session.
+    background_yield_s: float = 30.0
+    # The longest a generate or resume waits in the queue for pool blocks before 507.
+    admission_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,6 @@ class MoveResult:
 
 
 def as_transfer_error(what: str, exc: Exception) -> Exception:
-    if isinstance(exc, TransferError | PoolFullError):
+    if isinstance(exc, TransferError | PoolFullError | StorageUnavailableError):
         return exc
     return TransferError(f"{what} failed: {exc}", operation=what)

@@ -16,7 +16,7 @@ import time
 
 from agentpark.config import PolicySettings
 from agentpark.enums import Reason
-from agentpark.errors import AgentparkError
+from agentpark.errors import AgentparkError, StorageUnavailableError
 from agentpark.parking import PauseAdvice, PauseOrder, SessionCore
 from agentpark.policy.rules import (
     Demote,
@@ -120,6 +120,7 @@ class PolicyService:
     def tick(self, now: float | None = None) -> list[Action]:
         """Plan and carry out; an action that fails (busy, full) is retried next tick."""
         done: list[Action] = []
+        self.core.check_tier_files()  # a file removed or replaced: its sessions are lost
         for action in self.plan(time.time() if now is None else now):
             tenant, session_id = action.key
             try:
@@ -130,6 +131,8 @@ class PolicyService:
                 else:
                     self.core.resume(tenant, session_id, reason=Reason.PREFETCH)
                 done.append(action)
+            except StorageUnavailableError:
+                break  # the store logged it once; nothing more until writes work again
             except AgentparkError as exc:
                 log.info("policy: %s of %s/%s not done: %s", action, tenant, session_id, exc)
         return done
@@ -153,6 +156,8 @@ class PolicyService:
                 return
             if not self.config.enabled:
                 continue
+            if not self.core.store.health.ok:
+                continue  # writes fail (logged once by the store): acting would fail too
             try:
                 self.tick()
             except Exception:

@@ -9,18 +9,27 @@ the columns that changed since the row was last written (the store remembers wha
 wrote on the row itself) plus one ``INSERT`` per event, so the bookkeeping of a pause costs
 a fraction of a millisecond whatever the number of sessions. JSON columns (``metadata``,
 ``parked_handle``) are compared by value: callers assign new values, never mutate in place.
+
+A write the database refuses (disk full, I/O error, locked) raises
+:class:`~agentpark.errors.StorageUnavailableError` (503) and is recorded in
+:attr:`SessionStore.health`; :meth:`SessionStore.revert` puts a row back as it was last
+written, so the caller's memory agrees with the database again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, func, insert, inspect, select, update
+from sqlalchemy import Connection, Engine, Table, delete, func, insert, inspect, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
 from agentpark.enums import EventKind, State
-from agentpark.store.models import EventRow, SessionRow
+from agentpark.errors import StorageUnavailableError
+from agentpark.store.db import StorageHealth
+from agentpark.store.models import EventRow, HostSampleRow, SessionRow
 
 __all__ = ["SessionStore"]
 
@@ -36,15 +45,69 @@ _EVENT_FIELDS = [
     (attr.key, attr.columns[0].name) for attr in inspect(EventRow).column_attrs if attr.key != "id"
 ]
 _WRITTEN = "_agentpark_written"  # what the store last wrote of a row (a plain attribute)
+_SAMPLES: Table = HostSampleRow.__table__  # type: ignore[assignment]
+_PROBE_BYTES = 16_384  # a probe write as large as a big transition (a token log)
 
 
 class SessionStore:
-    def __init__(self, engine: Engine, factory: sessionmaker[Session]) -> None:
+    def __init__(
+        self, engine: Engine, factory: sessionmaker[Session], health: StorageHealth | None = None
+    ) -> None:
         self._engine = engine
         self._factory = factory
+        self.health = health or StorageHealth()
+
+    @property
+    def url(self) -> str:
+        """The database, password hidden (for messages)."""
+        return self._engine.url.render_as_string(hide_password=True)
 
     def close(self) -> None:
         self._engine.dispose()
+
+    @contextmanager
+    def _writing(self) -> Iterator[Connection]:
+        """One write transaction; a refusal becomes StorageUnavailableError (503)."""
+        try:
+            with self._engine.begin() as conn:
+                yield conn
+        except IntegrityError:
+            raise  # the caller's conflict (an id taken), not the storage's
+        except DBAPIError as exc:
+            self.health.failed(exc.orig if exc.orig is not None else exc)
+            raise StorageUnavailableError(
+                f"the database refused a write, nothing was changed: {exc.orig}",
+                retry_after_s=5,
+            ) from exc
+        self.health.succeeded()
+
+    def probe(self) -> None:
+        """A write as large as a big transition, rolled back within its transaction:
+        what tells a full or failing disk from one that works again."""
+        with self._writing() as conn:
+            probe = {"probe": "x" * _PROBE_BYTES}
+            row = {
+                "at": 0.0,
+                "step_s": 0.0,
+                "pool_total_bytes": 0,
+                "pool_used_bytes": 0,
+                "reclaimed_bytes": 0,
+                "tiers": probe,
+                "sessions": {},
+            }
+            stmt = insert(_SAMPLES).returning(_SAMPLES.c.id)
+            probe_id = conn.execute(stmt, row).scalar_one()
+            conn.execute(delete(_SAMPLES).where(_SAMPLES.c.id == probe_id))
+
+    @staticmethod
+    def revert(row: SessionRow) -> None:
+        """Put the row's columns back as they were last written (after a failed save)."""
+        written: dict[str, Any] | None = getattr(row, _WRITTEN, None)
+        if written is None:
+            return
+        for attr, value in written.items():
+            if getattr(row, attr) != value:
+                setattr(row, attr, value)
 
     def insert(self, row: SessionRow, event: EventRow) -> None:
         """Insert a new session and its first event; ``row.seq`` is set on return.
@@ -52,7 +115,7 @@ class SessionStore:
         Raises sqlalchemy's IntegrityError when (tenant, session_id) exists already.
         """
         values = {attr: getattr(row, attr) for attr, _ in _SESSION_FIELDS}
-        with self._engine.begin() as conn:
+        with self._writing() as conn:
             stmt = insert(_SESSIONS).returning(_SESSIONS.c.seq)
             row.seq = conn.execute(stmt, _by_column(values, _SESSION_FIELDS)).scalar_one()
             self._insert_events(conn, row.seq, (event,))
@@ -67,7 +130,7 @@ class SessionStore:
             if written is None
             else {k: v for k, v in values.items() if k not in written or written[k] != v}
         )
-        with self._engine.begin() as conn:
+        with self._writing() as conn:
             if changed:
                 stmt = update(_SESSIONS).where(_SESSIONS.c.seq == row.seq)
                 conn.execute(stmt.values(_by_column(changed, _SESSION_FIELDS)))
@@ -88,6 +151,11 @@ class SessionStore:
                 SessionRow.tenant == tenant, SessionRow.session_id == session_id
             )
             return db.scalars(stmt).one_or_none()
+
+    def knows_sessions(self) -> bool:
+        """Whether the database holds any session row at all (deleted ones included)."""
+        with self._engine.connect() as conn:
+            return conn.execute(select(_SESSIONS.c.seq).limit(1)).first() is not None
 
     def live_rows(self) -> Sequence[SessionRow]:
         """Every session not deleted, oldest first: what the daemon re-attaches at start."""

@@ -14,6 +14,11 @@ starts empty; sessions that were parked in it become LOST and are recomputed.
 
 While a daemon has the file open it holds an exclusive ``flock`` on it: a second daemon
 configured onto the same file is refused at start (ConfigError), before it looks at it.
+
+A re-attached file whose slots hold bytes (:meth:`FileTier.holds_data`) next to a database
+that knows no session at all (a new or emptied agentpark.db) is an orphan: start-up
+refuses it unless told to adopt it (keep the file, every slot free) or discard it
+(:meth:`FileTier.discard`: moved aside, a new file made), see ``reliability.tier_files``.
 """
 
 from __future__ import annotations
@@ -26,16 +31,17 @@ import mmap
 import os
 import struct
 import time
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from agentpark.blocks import PoolGeometry
-from agentpark.errors import ConfigError
+from agentpark.errors import ConfigError, TierFullError
 from agentpark.tiers.base import SlotTier
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "FileTier", "read_header"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "FileTier", "orphaned", "read_header"]
 
 log = logging.getLogger(__name__)
 
@@ -90,15 +96,24 @@ class FileTier(SlotTier):
         self.model_uid = model_uid
         self.reattached = False
         self.attach_problem: str | None = None
+        # Why the file at ``path`` is no longer this tier's (removed, replaced), once the
+        # core noticed: new pauses go elsewhere until :meth:`reopen` makes a new file.
+        self.gone: str | None = None
         self._offsets: list[int] = []
         offset = HEADER_BYTES
         for spec in geometry.arrays:
             self._offsets.append(offset)
             offset = _align(offset + self.capacity_blocks * spec.block_nbytes)
         self.file_bytes = offset
-        self._fd = self._open()
-        flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
-        self._map = mmap.mmap(self._fd, self.file_bytes, flags=flags)
+        self._populate = populate
+        self._map_file(self._open())
+
+    def _map_file(self, fd: int) -> None:
+        self._fd = fd
+        st = os.fstat(fd)
+        self.identity = (st.st_dev, st.st_ino)  # what a replaced file no longer has
+        flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if self._populate else 0)
+        self._map = mmap.mmap(fd, self.file_bytes, flags=flags)
         self._buffers = [
             np.frombuffer(
                 self._map,
@@ -106,8 +121,67 @@ class FileTier(SlotTier):
                 count=self.capacity_blocks * int(np.prod(spec.block_shape)),
                 offset=off,
             ).reshape(self.capacity_blocks, *spec.block_shape)
-            for spec, off in zip(geometry.arrays, self._offsets, strict=True)
+            for spec, off in zip(self.geometry.arrays, self._offsets, strict=True)
         ]
+
+    # ---- orphans and a file gone while running ---------------------------------------
+
+    def holds_data(self) -> bool:
+        """Whether any slot holds a byte that is not zero (a new file is all zeros)."""
+        body = np.frombuffer(
+            self._map, dtype=np.uint8, count=self.file_bytes - HEADER_BYTES, offset=HEADER_BYTES
+        )
+        return bool(body.any())
+
+    def discard(self) -> Path:
+        """Move the file aside (never deleted) and start on a new, empty one; returns
+        where the old one went. Only before any slot is in use (start-up)."""
+        self._unmap()
+        aside = self.path.with_name(f"{self.path.name}.discarded-{time.time_ns()}")
+        self.path.rename(aside)
+        self.reattached = False
+        self._map_file(self._create())
+        return aside
+
+    def allocate(self, owner: Hashable, n: int) -> list[int]:
+        if self.gone is not None and n:
+            raise TierFullError(
+                f"{self.name} tier is unavailable: {self.gone}",
+                tier=self.name,
+                needed_blocks=n,
+                free_blocks=0,
+                capacity_blocks=self.capacity_blocks,
+            )
+        return super().allocate(owner, n)
+
+    def reopen(self) -> None:
+        """Map a file at ``path`` again (a new one, or one that passes the checks of a
+        start) once no slot is in use: the tier is usable and persistent again."""
+        if self.used_blocks:
+            raise ValueError(f"{self.name} tier: {self.used_blocks} slots still in use")
+        self._unmap()
+        self.reattached, self.attach_problem = False, None
+        self._map_file(self._open())
+        self.gone = None
+
+    def missing(self) -> str | None:
+        """Why the file at ``path`` is no longer the one this tier maps, or None.
+
+        Removed (nothing at the path, or no link left) or replaced (another inode at the
+        path): the mapped bytes may still be readable, but nothing a restart would find
+        holds them, and a replaced file is someone else's.
+        """
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return f"{self.path} was removed"
+        except OSError as exc:
+            return f"{self.path} cannot be examined: {exc.strerror}"
+        if (st.st_dev, st.st_ino) != self.identity:
+            return f"{self.path} was replaced by another file"
+        if os.fstat(self._fd).st_nlink == 0:
+            return f"{self.path} was removed"
+        return None
 
     # ---- header -----------------------------------------------------------------------
 
@@ -232,9 +306,18 @@ class FileTier(SlotTier):
             os.fsync(self._fd)
 
     def close(self) -> None:
+        self._unmap()
+
+    def _unmap(self) -> None:
         self._buffers = []
         try:
             self._map.close()
         except BufferError:
             log.debug("%s tier: a view is still alive; the map closes when it goes", self.name)
         os.close(self._fd)
+
+
+def orphaned(tiers: Sequence[object]) -> list[FileTier]:
+    """File tiers re-attached with data in their slots: what a database that knows no
+    session cannot account for."""
+    return [t for t in tiers if isinstance(t, FileTier) and t.reattached and t.holds_data()]

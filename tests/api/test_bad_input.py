@@ -165,8 +165,14 @@ def test_pool_full_on_generate_is_507_with_the_numbers(
 ) -> None:
     # No tier to park the idle "hog" into, so making room by pressure is impossible.
     no_tiers = {"dram": {"capacity": 0}, "shm": {"capacity": 0}}
+    # Nothing else runs, so nothing frees blocks: no wait in the admission queue.
     app = app_factory(
-        make_settings(pool={"num_blocks": 8}, model={"max_seq_len": 128}, tiers=no_tiers)
+        make_settings(
+            pool={"num_blocks": 8},
+            model={"max_seq_len": 128},
+            tiers=no_tiers,
+            limits={"admission_timeout_s": 0},
+        )
     )
     c = app.client()
     c.create_session("hog")
@@ -180,6 +186,8 @@ def test_pool_full_on_generate_is_507_with_the_numbers(
         "free_blocks": 1,
         "total_blocks": 8,
         "block_bytes": before["pool"].block_bytes,
+        "waited_s": 0.0,
+        "retry_after_s": 0.0,
     }
     assert _snapshot(c, "s") == before
 

@@ -28,7 +28,7 @@ OPERATION = {
     404: {"session_not_found"},
     409: {"session_busy", "invalid_state"},
     422: {"invalid_request"},
-    503: {"not_ready"},
+    503: {"not_ready", "storage_unavailable"},
 }
 
 # Per route: the error statuses it must document, and the codes each must list.
@@ -37,7 +37,7 @@ REQUIRED_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
         **TOO_LARGE,
         409: {"session_exists"},
         422: {"invalid_request"},
-        503: {"not_ready"},
+        503: {"not_ready", "storage_unavailable"},
     },
     ("GET", "/v1/sessions"): BAD_REQUEST,
     ("GET", SESSION): {404: {"session_not_found"}, 422: {"invalid_request"}},
@@ -45,6 +45,7 @@ REQUIRED_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
         404: {"session_not_found"},
         409: {"session_busy", "invalid_state"},
         422: {"invalid_request"},
+        503: {"storage_unavailable"},
     },
     ("POST", f"{SESSION}/generate"): {
         **OPERATION,
@@ -73,7 +74,7 @@ REQUIRED_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
     ("GET", "/v1/host/parked"): BAD_REQUEST,
     ("GET", "/v1/peers"): BAD_REQUEST,
     ("GET", "/healthz"): {},
-    ("GET", "/readyz"): {503: {"not_ready"}},
+    ("GET", "/readyz"): {503: {"not_ready", "storage_unavailable"}},
     ("POST", "/v1/admin/drain"): {},
     ("POST", "/v1/admin/reload"): BAD_REQUEST,
     ("GET", "/v1/admin/policy"): {},
