@@ -37,10 +37,9 @@ from agentpark.api.schemas_host import (
 )
 from agentpark.snapshot import HostSnapshot
 
-__all__ = ["DEFAULT_URL", "TENANT_HEADER", "AgentparkAPIError"]
+__all__ = ["DEFAULT_URL", "AgentparkAPIError"]
 
 DEFAULT_URL = "http://127.0.0.1:8470"
-TENANT_HEADER = "X-Agentpark-Tenant"
 # A generate that re-prefills a long context, or a drain, can take minutes.
 DEFAULT_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
 

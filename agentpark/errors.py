@@ -4,6 +4,9 @@ The hierarchy::
 
     AgentparkError                      500 internal_error
     ├── ConfigError                     500 config_error (start-up only: never served)
+    ├── TenantHeaderError               400 tenant_header_refused
+    ├── UnauthenticatedError            401 unauthenticated
+    ├── MissingScopeError               403 insufficient_scope
     ├── NotFoundError                   404
     │   └── SessionNotFoundError        404 session_not_found
     ├── ConflictError                   409
@@ -43,6 +46,7 @@ __all__ = [
     "InvalidRequestError",
     "InvalidStateError",
     "LimitExceededError",
+    "MissingScopeError",
     "NotFoundError",
     "NotReadyError",
     "PayloadTooLargeError",
@@ -50,8 +54,10 @@ __all__ = [
     "SessionBusyError",
     "SessionExistsError",
     "SessionNotFoundError",
+    "TenantHeaderError",
     "TierFullError",
     "TransferError",
+    "UnauthenticatedError",
     "ValidationFailure",
     "error_responses",
 ]
@@ -68,6 +74,8 @@ class AgentparkError(Exception):
         super().__init__(message)
         self.message = message
         self.details = details
+        # HTTP headers the answer carries besides the body (WWW-Authenticate of a 401).
+        self.headers: dict[str, str] = {}
 
     def to_body(self) -> dict[str, Any]:
         """The JSON error envelope the API returns."""
@@ -86,6 +94,55 @@ class ConfigError(AgentparkError):
 
     code = "config_error"
     served = False
+
+
+class TenantHeaderError(AgentparkError):
+    """The request sets X-Agentpark-Tenant; the tenant comes from the bearer token only."""
+
+    status = 400
+    code = "tenant_header_refused"
+
+    def __init__(self, header: str) -> None:
+        super().__init__(
+            f"{header} is refused: the tenant comes from the bearer token "
+            "(agentpark token create --tenant NAME), never from a header",
+            header=header,
+        )
+
+
+class UnauthenticatedError(AgentparkError):
+    """No bearer token, or one that is unknown, malformed or revoked."""
+
+    status = 401
+    code = "unauthenticated"
+
+    def __init__(self, message: str, *, invalid_token: bool = False, **details: Any) -> None:
+        super().__init__(message, **details)
+        # RFC 6750: the challenge names the scheme, and error="invalid_token" when a
+        # token was sent but is not one this daemon accepts.
+        challenge = 'Bearer realm="agentpark"'
+        if invalid_token:
+            challenge += ', error="invalid_token"'
+        self.headers["WWW-Authenticate"] = challenge
+
+
+class MissingScopeError(AgentparkError):
+    """The token is valid but lacks the scope this route needs."""
+
+    status = 403
+    code = "insufficient_scope"
+
+    def __init__(self, scope: str, token_id: str | None, scopes: list[str]) -> None:
+        super().__init__(
+            f"this route needs a token with the {scope!r} scope; this one has "
+            f"{', '.join(scopes) or 'none'} (agentpark token create --scope {scope})",
+            scope=scope,
+            token_id=token_id,
+            scopes=scopes,
+        )
+        self.headers["WWW-Authenticate"] = (
+            f'Bearer realm="agentpark", error="insufficient_scope", scope="{scope}"'
+        )
 
 
 class NotFoundError(AgentparkError):

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query, Response, status
 
 from agentpark.api.deps import (
+    AUTH_ERRORS,
     ParkingDep,
     ReadyDriverDep,
     ReadyParkingDep,
@@ -46,9 +47,12 @@ from agentpark.parking import PauseOrder
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+# Every route needs the sessions scope (TenantDep): each documents the guard's answers.
+router = APIRouter(
+    prefix="/v1/sessions", tags=["sessions"], responses=error_responses(*AUTH_ERRORS)
+)
 
-# What every route on one session can answer: an unknown id, a bad tenant header or body.
+# What every route on one session can answer: an unknown id (or another tenant's), a bad body.
 _ONE_SESSION = (SessionNotFoundError, InvalidRequestError)
 # What an operation that takes the session can answer besides.
 _OPERATION = (SessionBusyError, InvalidStateError)
