@@ -37,6 +37,7 @@ __all__ = [
     "AUTH_ERRORS",
     "BEARER",
     "OPERATOR",
+    "SESSIONS",
     "IdentityDep",
     "ParkingDep",
     "ReadyDriverDep",
@@ -118,6 +119,9 @@ def _require(scope: Scope) -> Callable[[Identity], Awaitable[Identity]]:
 
 
 _require_sessions = _require(Scope.SESSIONS)
+# For a route's (or router's) ``dependencies=``: the guard runs before anything else the
+# route needs (a 401 before a 503 of an engine warming up, or a 422 of the body).
+SESSIONS = Security(_require_sessions)
 OPERATOR = Security(_require(Scope.OPERATOR))
 ADMIN = Security(_require(Scope.ADMIN))
 

@@ -6,7 +6,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from agentpark.api.deps import AUTH_ERRORS, OPERATOR, ParkingDep, RuntimeDep, TenantDep
+from agentpark.api.deps import (
+    AUTH_ERRORS,
+    OPERATOR,
+    SESSIONS,
+    ParkingDep,
+    RuntimeDep,
+    TenantDep,
+)
 from agentpark.api.schemas import EventOut, EventPage
 from agentpark.api.schemas_host import LivenessResponse, ReadinessResponse
 from agentpark.errors import InvalidRequestError, NotReadyError, error_responses
@@ -26,7 +33,10 @@ def get_host(runtime: RuntimeDep) -> HostSnapshot:
 
 
 @router.get(
-    "/v1/events", tags=["host"], responses=error_responses(InvalidRequestError, *AUTH_ERRORS)
+    "/v1/events",
+    tags=["host"],
+    dependencies=[SESSIONS],
+    responses=error_responses(InvalidRequestError, *AUTH_ERRORS),
 )
 def list_events(
     parking: ParkingDep,

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, Query, Response, status
 
 from agentpark.api.deps import (
     AUTH_ERRORS,
+    SESSIONS,
     ParkingDep,
     ReadyDriverDep,
     ReadyParkingDep,
@@ -47,9 +48,12 @@ from agentpark.parking import PauseOrder
 
 __all__ = ["router"]
 
-# Every route needs the sessions scope (TenantDep): each documents the guard's answers.
+# Every route needs the sessions scope, checked first; TenantDep reads the same identity.
 router = APIRouter(
-    prefix="/v1/sessions", tags=["sessions"], responses=error_responses(*AUTH_ERRORS)
+    prefix="/v1/sessions",
+    tags=["sessions"],
+    dependencies=[SESSIONS],
+    responses=error_responses(*AUTH_ERRORS),
 )
 
 # What every route on one session can answer: an unknown id (or another tenant's), a bad body.

@@ -517,9 +517,11 @@ def test_history_endpoint_windows_and_steps(
 
 def test_parked_lists_the_largest_first_across_tenants(daemon: Daemon) -> None:
     c = daemon.client
+    daemon.admin()  # tokens from here on: the client is tenant default with every scope
+    tokens_of = {tenant: daemon.token(tenant, "sessions") for tenant in ("a", "b")}
     sizes = {}
     for tenant, sid, tokens in (("a", "small", 10), ("b", "large", 90), ("a", "mid", 40)):
-        headers = {"X-Agentpark-Tenant": tenant}
+        headers = {"Authorization": f"Bearer {tokens_of[tenant]}"}
         c.post("/v1/sessions", json={"session_id": sid}, headers=headers)
         c.post(
             f"/v1/sessions/{sid}/generate",

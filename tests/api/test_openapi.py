@@ -31,8 +31,21 @@ OPERATION = {
     503: {"not_ready"},
 }
 
+# What every guarded route answers besides its own errors (tests/api/test_auth.py).
+AUTH = {
+    400: {"tenant_header_refused"},
+    401: {"unauthenticated"},
+    403: {"insufficient_scope"},
+}
+OPEN = {
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+    ("GET", "/dashboard"),
+}
+
 # Per route: the error statuses it must document, and the codes each must list.
-REQUIRED_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
+_OWN_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
     ("POST", "/v1/sessions"): {
         **TOO_LARGE,
         409: {"session_exists"},
@@ -79,6 +92,9 @@ REQUIRED_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
     ("GET", "/v1/admin/policy"): {},
     ("GET", "/metrics"): BAD_REQUEST,
     ("GET", "/dashboard"): {},
+}
+REQUIRED_ERRORS = {
+    key: errors if key in OPEN else {**errors, **AUTH} for key, errors in _OWN_ERRORS.items()
 }
 
 # Routes whose answer is text, not JSON.
