@@ -161,7 +161,8 @@ def test_config_goes_before_or_after_every_subcommand(command: list[str]) -> Non
     assert parse([*command, "--config", "b.toml"]).config == Path("b.toml")
     assert parse(["--config", "a.toml", *command, "--config", "b.toml"]).config == Path("b.toml")
     if len(command) >= 2 and command[0] in ("db", "token", "bench"):  # between group and command
-        assert parse([command[0], "--config", "c.toml", command[1]]).config == Path("c.toml")
+        between = [command[0], "--config", "c.toml", *command[1:]]
+        assert parse(between).config == Path("c.toml")
 
 
 def test_db_upgrade_reads_a_config_given_after_the_subcommand(tmp_path: Path) -> None:
