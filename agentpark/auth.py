@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from sqlalchemy import Engine, Table, func, insert, select, update
 
@@ -63,6 +64,7 @@ _SECRET_RE = re.compile(r"^[A-Za-z0-9_-]{43}$")
 _HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TOKENS: Table = ApiTokenRow.__table__  # type: ignore[assignment]
+_ANY = "SELECT 1 FROM api_tokens LIMIT 1"
 _LOOKUP = "SELECT tenant, scopes, token_hash, revoked_at FROM api_tokens WHERE id = ?"
 # last_used_at is written at most this often per token (a write per request would cost
 # more than the request).
@@ -161,6 +163,12 @@ class TokenStore:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # The request path's reads (a token's row, whether any exists) go through one DBAPI
+        # connection kept out of the pool: ~12 us a read instead of ~100 us for a pool
+        # checkout, a statement and the rollback on return. Outside a transaction (pysqlite
+        # begins one only before a write), each read sees the latest commit of any process.
+        self._reader: Any = None
+        self._reader_lock = threading.Lock()
 
     @classmethod
     def open(cls, database_url: str) -> TokenStore:
@@ -171,7 +179,23 @@ class TokenStore:
         return cls(engine)
 
     def close(self) -> None:
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
         self.engine.dispose()
+
+    def _read(self, sql: str, *params: str) -> list[tuple[Any, ...]]:
+        """All rows of one read (fetched to the end: no read transaction stays open)."""
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = self.engine.raw_connection()
+            cursor = self._reader.cursor()
+            try:
+                rows: list[tuple[Any, ...]] = cursor.execute(sql, params).fetchall()
+            finally:
+                cursor.close()
+            return rows
 
     # ---- administration (the CLI) ----------------------------------------------------------
 
@@ -278,8 +302,7 @@ class TokenStore:
 
     def any_token(self) -> bool:
         """Whether the table has a row at all (revoked ones count)."""
-        with self.engine.connect() as conn:
-            return conn.execute(select(_TOKENS.c.id).limit(1)).first() is not None
+        return bool(self._read(_ANY))
 
     def active_count(self) -> int:
         with self.engine.connect() as conn:
@@ -295,18 +318,17 @@ class TokenStore:
                 invalid_token=True,
             )
         token_id = parts[0]
-        with self.engine.connect() as conn:  # plain SQL: a third of the compiled statement's cost
-            row = conn.exec_driver_sql(_LOOKUP, (token_id,)).first()
+        rows = self._read(_LOOKUP, token_id)
+        tenant, scopes, stored, revoked_at = rows[0] if rows else ("", "", "0" * 64, None)
         # Compare even when the id is unknown, so the time taken does not tell.
-        stored = row.token_hash if row is not None else "0" * 64
-        matches = hmac.compare_digest(stored, hash_token(token))
-        if row is None or not matches:
+        matches = hmac.compare_digest(str(stored), hash_token(token))
+        if not rows or not matches:
             raise UnauthenticatedError("unknown bearer token", invalid_token=True)
-        if row.revoked_at is not None:
+        if revoked_at is not None:
             raise UnauthenticatedError(
                 f"token {token_id} was revoked", invalid_token=True, token_id=token_id
             )
-        return Identity(row.tenant, frozenset(parse_scopes(row.scopes)), token_id)
+        return Identity(tenant, frozenset(parse_scopes(scopes)), token_id)
 
     def touch(self, token_id: str, at: float) -> None:
         with self.engine.begin() as conn:
