@@ -13,7 +13,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from agentpark import __version__
-from agentpark.api import admin, dashboard, host, metrics, sessions
+from agentpark.api import admin, dashboard, host, metrics, sessions, tokens
 from agentpark.api.handlers import AllowMiddleware, BodyLimitMiddleware, install_error_handlers
 from agentpark.auth import Gate, TokenStore, is_loopback
 from agentpark.config import Settings
@@ -96,7 +96,14 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
-    routers = (sessions.router, host.router, admin.router, metrics.router, dashboard.router)
+    routers = (
+        sessions.router,
+        host.router,
+        admin.router,
+        tokens.router,
+        metrics.router,
+        dashboard.router,
+    )
     for router in routers:
         app.include_router(router)
     # The routes themselves, read from the routers (not app.router.routes, which newer

@@ -10,7 +10,7 @@ compares the hashes with :func:`hmac.compare_digest` (constant time).
 
 Each token is bound to one tenant and to scopes (:class:`Scope`): ``sessions`` (its own
 tenant's sessions and events), ``operator`` (read-only host views across tenants) and
-``admin`` (drain, policy reload). No scope implies another.
+``admin`` (drain, policy reload, /v1/admin/tokens). No scope implies another.
 
 Every request reads its token's row: a revocation (``agentpark token revoke``, another
 process writing the same SQLite file) is refused from the next request on, with no cache
@@ -74,7 +74,7 @@ TOUCH_EVERY_S = 60.0
 class Scope(StrEnum):
     SESSIONS = "sessions"  # its own tenant's sessions and events
     OPERATOR = "operator"  # read-only host views across tenants
-    ADMIN = "admin"  # drain, policy reload
+    ADMIN = "admin"  # drain, policy reload, tokens over HTTP
 
 
 @dataclass(frozen=True)

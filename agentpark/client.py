@@ -56,6 +56,7 @@ from agentpark.client_calls import (
     T,
     _Call,
     _create_session,
+    _create_token,
     _delete_session,
     _drain,
     _events,
@@ -75,6 +76,8 @@ from agentpark.client_calls import (
     _reload_policy,
     _request,
     _resume,
+    _revoke_token,
+    _tokens,
 )
 
 __all__ = ["AgentparkAPIError", "AgentparkClient", "AsyncAgentparkClient"]
@@ -192,6 +195,9 @@ class AgentparkClient:
     drain = _Sync(_drain)
     reload_policy = _Sync(_reload_policy)
     policy = _Sync(_policy)
+    tokens = _Sync(_tokens)
+    create_token = _Sync(_create_token)
+    revoke_token = _Sync(_revoke_token)
     history = _Sync(_history)
     latency = _Sync(_latency)
     parked = _Sync(_parked)
@@ -258,6 +264,9 @@ class AsyncAgentparkClient:
     drain = _Async(_drain)
     reload_policy = _Async(_reload_policy)
     policy = _Async(_policy)
+    tokens = _Async(_tokens)
+    create_token = _Async(_create_token)
+    revoke_token = _Async(_revoke_token)
     history = _Async(_history)
     latency = _Async(_latency)
     parked = _Async(_parked)

@@ -8,7 +8,8 @@ The hierarchy::
     ├── UnauthenticatedError            401 unauthenticated
     ├── MissingScopeError               403 insufficient_scope
     ├── NotFoundError                   404
-    │   └── SessionNotFoundError        404 session_not_found
+    │   ├── SessionNotFoundError        404 session_not_found
+    │   └── TokenNotFoundError          404 token_not_found
     ├── ConflictError                   409
     │   ├── SessionExistsError          409 session_exists
     │   ├── SessionBusyError            409 session_busy
@@ -56,6 +57,7 @@ __all__ = [
     "SessionNotFoundError",
     "TenantHeaderError",
     "TierFullError",
+    "TokenNotFoundError",
     "TransferError",
     "UnauthenticatedError",
     "ValidationFailure",
@@ -159,6 +161,15 @@ class SessionNotFoundError(NotFoundError):
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"session {session_id!r} not found", session_id=session_id)
+
+
+class TokenNotFoundError(NotFoundError):
+    """No token with this id (``agentpark token list`` shows the ids)."""
+
+    code = "token_not_found"
+
+    def __init__(self, token_id: str) -> None:
+        super().__init__(f"token {token_id!r} not found", token_id=token_id)
 
 
 class ConflictError(AgentparkError):

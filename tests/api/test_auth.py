@@ -9,6 +9,7 @@ checks below run on it. Requests go in-process to an app with no loopback defaul
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -23,9 +24,10 @@ from fastapi.routing import iter_route_contexts
 from agentpark.app import create_app
 from agentpark.auth import Scope
 from agentpark.config import Settings
-from tests.conftest import Daemon, InProcessApp, bearer
+from tests.conftest import Daemon, InProcessApp, TenantClient, bearer
 
 SESSION = "/v1/sessions/{session_id}"
+TOKEN_RE = re.compile(r"^apk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
 # Routes anyone may call: probes, the scrape, the page (its data calls are guarded), docs.
 OPEN = {
     ("GET", "/healthz"),
@@ -56,6 +58,9 @@ SCOPE: dict[tuple[str, str], Scope] = {
     ("GET", "/v1/admin/policy"): Scope.OPERATOR,
     ("POST", "/v1/admin/drain"): Scope.ADMIN,
     ("POST", "/v1/admin/reload"): Scope.ADMIN,
+    ("GET", "/v1/admin/tokens"): Scope.ADMIN,
+    ("POST", "/v1/admin/tokens"): Scope.ADMIN,
+    ("DELETE", "/v1/admin/tokens/{token_id}"): Scope.ADMIN,
 }
 # A body each route accepts, so a request that passes the guard is a real one.
 BODIES: dict[tuple[str, str], Any] = {
@@ -63,6 +68,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", f"{SESSION}/generate"): {"prompt_tokens": [1, 2], "max_new_tokens": 1},
     ("POST", f"{SESSION}/pause"): {"force": True},
     ("POST", f"{SESSION}/move"): {"tier": "shm"},
+    ("POST", "/v1/admin/tokens"): {"tenant": "made-by-admin", "scopes": ["sessions"]},
 }
 
 
@@ -85,7 +91,7 @@ def route_table(tmp_path_factory: pytest.TempPathFactory) -> set[tuple[str, str]
 
 
 def _url(path: str, session_id: str) -> str:
-    return path.replace("{session_id}", session_id)
+    return path.replace("{session_id}", session_id).replace("{token_id}", "0123456789ab")
 
 
 def _call(
@@ -376,3 +382,44 @@ def test_peers_are_asked_with_the_callers_token(
     answer = main.client.get("/v1/peers", params={"since": -60}, headers=bearer(other))
     assert [h["up"] for h in answer.json()["hosts"]] == [True, False]
     assert "401" in answer.json()["hosts"][1]["error"]
+
+
+# ---- tokens over HTTP (admin) ---------------------------------------------------------------
+
+
+def test_an_admin_creates_lists_and_revokes_tokens_over_http(shared_app: InProcessApp) -> None:
+    from typing import get_args
+
+    from agentpark.api.schemas_auth import ScopeName
+    from agentpark.client import AgentparkAPIError
+
+    assert set(get_args(ScopeName)) == {s.value for s in Scope}
+    admin = shared_app.client("http-admin", "admin")
+    made = admin.create_token("made-over-http", ["sessions"])
+    assert TOKEN_RE.match(made.token) and made.token.split("_")[1] == made.id
+    assert (made.tenant, made.scopes, made.revoked_at) == ("made-over-http", ["sessions"], None)
+    user = TenantClient(
+        "http://in-process", made.tenant, made.token, transport=shared_app.transport
+    )
+    try:
+        assert user.create_session("u").tenant == "made-over-http"
+        listed = {t.id: t for t in admin.tokens().tokens}
+        assert listed[made.id].tenant == "made-over-http"
+        assert made.token.split("_")[2] not in admin.request("GET", "/v1/admin/tokens").text
+        revoked = admin.revoke_token(made.id)
+        assert revoked.revoked_at is not None
+        with pytest.raises(AgentparkAPIError) as refused:
+            user.get_session("u")
+        assert refused.value.status == 401
+        assert admin.revoke_token(made.id).revoked_at == revoked.revoked_at  # idempotent
+    finally:
+        user.close()
+    with pytest.raises(AgentparkAPIError) as unknown:
+        admin.revoke_token("0123456789ab")
+    assert (unknown.value.status, unknown.value.code) == (404, "token_not_found")
+    for tenant, scopes in (("a b", ["sessions"]), ("ok", ["root"]), ("ok", [])):
+        with pytest.raises(AgentparkAPIError) as bad:
+            admin.create_token(tenant, scopes)
+        assert (bad.value.status, bad.value.code) == (422, "invalid_request"), (tenant, scopes)
+    # The session the revoked token made is still the tenant's (a new token reaches it).
+    assert shared_app.client("made-over-http").get_session("u").state == "active"
