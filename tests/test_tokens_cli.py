@@ -52,7 +52,7 @@ def test_create_prints_the_token_once_and_stores_only_its_hash(
     assert f"token {match[1]}" in err and "shown once" in err
     database = tmp_path / "state" / "agentpark.db"
     raw = b"".join(p.read_bytes() for p in database.parent.glob("agentpark.db*"))  # + -wal
-    assert token.encode() not in raw and token.split("_")[2].encode() not in raw
+    assert token.encode() not in raw and token.split("_", 2)[2].encode() not in raw
     with sqlite3.connect(database) as conn:
         rows = conn.execute("SELECT id, tenant, scopes, token_hash FROM api_tokens").fetchall()
     assert rows == [(match[1], "team-a", "operator,sessions", hash_token(token))]
@@ -83,7 +83,7 @@ def test_list_shows_ids_tenants_scopes_and_times_never_a_secret(
         [ids[0], "a", "sessions"],
         [ids[1], "ops", "admin,operator"],
     ]
-    assert all(t.split("_")[2] not in out for t in tokens)
+    assert all(t.split("_", 2)[2] not in out for t in tokens)
     assert all(r.split()[-1] == "-" for r in rows)  # nothing revoked
 
 
@@ -141,7 +141,7 @@ def test_export_then_import_gives_another_host_the_same_tokens(
     _run(capsys, "token", "revoke", "--config", here, gone.split("_")[1])
     code, exported, _ = _run(capsys, "token", "export", "--config", here)
     assert code == 0
-    assert token.split("_")[2] not in exported  # hashes only
+    assert token.split("_", 2)[2] not in exported  # hashes only
     lines = [x for x in exported.splitlines() if not x.startswith("#")]
     assert lines == [f"{token.split('_')[1]} a sessions sha256:{hash_token(token)}"]  # no revoked
     file = tmp_path / "tokens"
