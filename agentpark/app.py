@@ -14,8 +14,9 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from agentpark import __version__
-from agentpark.api import admin, dashboard, host, metrics, sessions
+from agentpark.api import admin, dashboard, host, metrics, sessions, tokens
 from agentpark.api.handlers import AllowMiddleware, BodyLimitMiddleware, install_error_handlers
+from agentpark.auth import Gate, TokenStore, is_loopback
 from agentpark.config import Settings
 from agentpark.errors import AgentparkError, ConfigError
 from agentpark.runtime import Runtime
@@ -65,7 +66,11 @@ def freeze_heap() -> None:
 
 
 def create_app(
-    settings: Settings, config_path: Path | None = None, *, state_lock: StateLock | None = None
+    settings: Settings,
+    config_path: Path | None = None,
+    *,
+    state_lock: StateLock | None = None,
+    anonymous: bool | None = None,
 ) -> FastAPI:
     """Build the app; its lifespan starts the runtime and warms the engine in the background.
 
@@ -74,16 +79,26 @@ def create_app(
     the file SIGHUP and ``POST /v1/admin/reload`` read the policy from again.
     ``state_lock``: the state dir's lock, if the caller took it already (the runtime then
     owns it); otherwise the lifespan's ``Runtime.start`` takes it.
+
+    ``anonymous``: whether the loopback default may apply (requests without a token run as
+    tenant ``default`` with the sessions and operator scopes while the database holds no
+    token; see agentpark.auth). None: when ``settings.server.host``, the address ``agentpark
+    serve`` binds (its ``--host`` is in the settings), is a loopback address. An app served
+    without a bind of its own (in-process ASGI clients in tests) says which it wants.
     """
+    if anonymous is None:
+        anonymous = is_loopback(settings.server.host)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
-            runtime = Runtime.start(settings, config_path, state_lock=state_lock)
+            runtime = Runtime.start(settings, config_path, state_lock=state_lock)  # migrates
         except ConfigError as exc:  # `agentpark serve` prints it and exits 2
             app.state.startup_error = exc
             raise
         app.state.runtime = runtime
+        tokens = TokenStore.open(settings.database_url)
+        app.state.gate = Gate(tokens, anonymous=anonymous)
         warm = threading.Thread(
             target=_warm_up, args=(app, runtime), name="agentpark-warmup", daemon=True
         )
@@ -97,7 +112,10 @@ def create_app(
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             runtime.sampler.stop()
             warm.join()
-            runtime.shutdown()
+            try:
+                runtime.shutdown()
+            finally:
+                tokens.close()
 
     app = FastAPI(
         title="agentpark",
@@ -107,7 +125,14 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
-    routers = (sessions.router, host.router, admin.router, metrics.router, dashboard.router)
+    routers = (
+        sessions.router,
+        host.router,
+        admin.router,
+        tokens.router,
+        metrics.router,
+        dashboard.router,
+    )
     for router in routers:
         app.include_router(router)
     # The routes themselves, read from the routers (not app.router.routes, which newer

@@ -1,7 +1,9 @@
-"""Command line: ``agentpark serve | db upgrade | status | drain | bench ...``.
+"""Command line: ``agentpark serve | db upgrade | token ... | status | drain | bench ...``.
 
 ``--config FILE`` may come before the subcommand or after it (``agentpark serve --config
-FILE``); ``status`` and ``drain`` talk to the daemon through ``agentpark.client``.
+FILE``); ``status`` and ``drain`` talk to the daemon through ``agentpark.client`` (with
+``--token``, default ``$AGENTPARK_TOKEN``); ``db`` and ``token`` work on the state dir's
+database directly, whether a daemon runs on it or not.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +21,8 @@ from agentpark.errors import ConfigError
 
 if TYPE_CHECKING:
     import uvicorn
+
+    from agentpark.auth import TokenStore
 
 __all__ = ["main"]
 
@@ -48,7 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--config", type=Path, default=argparse.SUPPRESS, help=CONFIG_HELP)
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument("--url", help="daemon URL (default: from the config's server section)")
-    client.add_argument("--token", help="sent as 'Authorization: Bearer TOKEN'")
+    client.add_argument(
+        "--token",
+        default=None,
+        help="sent as 'Authorization: Bearer TOKEN' (default: $AGENTPARK_TOKEN)",
+    )
 
     def add(
         subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -77,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     db_sub = db.add_subparsers(title="db commands")
     db_up = add(db_sub, "upgrade", help="apply alembic migrations up to head")
     db_up.set_defaults(run=_db_upgrade)
+
+    _token_commands(sub, add)
 
     drain = add(
         sub,
@@ -181,6 +192,41 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _token_commands(sub: Any, add: Any) -> None:
+    token = add(sub, "token", help="bearer tokens: create, list, revoke, export, import")
+    token.set_defaults(run=lambda _args: _print_help(token))
+    token_sub = token.add_subparsers(title="token commands")
+    create = add(
+        token_sub, "create", help="make a token for a tenant; prints it once (stored hashed)"
+    )
+    create.add_argument("--tenant", required=True, help="the tenant the token acts as")
+    create.add_argument(
+        "--scope",
+        required=True,
+        help="comma-separated: sessions (its tenant's sessions), operator (read-only host "
+        "views of every tenant), admin (drain, reload)",
+    )
+    create.set_defaults(run=_token_create)
+    listing = add(token_sub, "list", help="every token: id, tenant, scopes, created, last used")
+    listing.set_defaults(run=_token_list)
+    revoke = add(token_sub, "revoke", help="revoke a token; a running daemon refuses it at once")
+    revoke.add_argument("id", help="the token's id (apk_<id>_...), as `token list` shows it")
+    revoke.set_defaults(run=_token_revoke)
+    export = add(
+        token_sub,
+        "export",
+        help="print the active tokens as hashed lines (no secrets) for `token import`",
+    )
+    export.set_defaults(run=_token_export)
+    load = add(
+        token_sub,
+        "import",
+        help="add the tokens of a `token export` file (a Kubernetes Secret, a systemd credential)",
+    )
+    load.add_argument("file", type=Path, help="the file of hashed tokens; '-' reads stdin")
+    load.set_defaults(run=_token_import)
+
+
 def _print_help(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
     return 2
@@ -243,6 +289,8 @@ def _serve(args: argparse.Namespace) -> int:
     # it binds the port. The runtime owns the lock from its start and drops it at shutdown.
     lock = StateLock.acquire(settings.state_dir)
     try:
+        if not _tokens_allow_bind(settings):
+            return 2
         app = create_app(settings, args.config or _env_config(), state_lock=lock)
         config = uvicorn_config(app, settings)
         daemon = uvicorn.Server(config)
@@ -263,6 +311,136 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tokens_allow_bind(settings: Settings) -> bool:
+    """A non-loopback bind needs a token in the database: anyone could act as any tenant."""
+    from agentpark.auth import is_loopback
+
+    host = settings.server.host
+    if is_loopback(host):
+        return True
+    with _token_store(settings) as store:
+        if store.active_count():
+            return True
+    print(
+        f"agentpark: refusing to serve on {host}:{settings.server.port} without a token: "
+        "anyone who can reach it could act as any tenant and stop the daemon. Make one "
+        "first (the daemon need not run):\n"
+        "  agentpark [--config FILE] token create --tenant NAME --scope sessions\n"
+        "or import them (agentpark token import FILE), or bind 127.0.0.1.",
+        file=sys.stderr,
+    )
+    return False
+
+
+@contextmanager
+def _token_store(settings: Settings) -> Iterator[TokenStore]:
+    """The state dir's token table (migrated first: a new state dir works too)."""
+    from agentpark.auth import TokenStore
+    from agentpark.statedir import private_dir
+    from agentpark.store.migrate import upgrade
+
+    private_dir(settings.state_dir)
+    upgrade(settings.database_url)
+    store = TokenStore.open(settings.database_url)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _token_create(args: argparse.Namespace) -> int:
+    from agentpark.auth import parse_scopes, valid_tenant
+
+    settings = _settings(args)
+    try:
+        scopes = parse_scopes(args.scope)
+    except ValueError as exc:
+        print(f"agentpark: --scope: {exc}", file=sys.stderr)
+        return 2
+    if not valid_tenant(args.tenant):
+        print(
+            f"agentpark: --tenant {args.tenant!r}: 1-128 letters, digits or ._-, "
+            "starting with a letter or digit",
+            file=sys.stderr,
+        )
+        return 2
+    with _token_store(settings) as store:
+        token, info = store.create(args.tenant, scopes)
+    print(token)
+    print(
+        f"token {info.id}: tenant {info.tenant}, scopes {','.join(info.scopes)}. "
+        "It is shown once; the database keeps only its hash.",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _when(at: float | None) -> str:
+    import time
+
+    return "-" if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def _token_list(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    with _token_store(settings) as store:
+        tokens = store.entries()
+    rows = [("ID", "TENANT", "SCOPES", "CREATED", "LAST USED", "REVOKED")]
+    rows += [
+        (
+            t.id,
+            t.tenant,
+            ",".join(t.scopes),
+            _when(t.created_at),
+            _when(t.last_used_at),
+            _when(t.revoked_at),
+        )
+        for t in tokens
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _token_revoke(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    with _token_store(settings) as store:
+        info = store.revoke(args.id)
+    if info is None:
+        print(f"agentpark: no token {args.id!r} (agentpark token list)", file=sys.stderr)
+        return 1
+    print(f"token {info.id} (tenant {info.tenant}) revoked at {_when(info.revoked_at)}")
+    return 0
+
+
+def _token_export(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    with _token_store(settings) as store:
+        lines = store.export_lines()
+    print("# agentpark tokens: <id> <tenant> <scopes> sha256:<hash>; no secrets")
+    for line in lines:
+        print(line)
+    return 0
+
+
+def _token_import(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    try:
+        text = sys.stdin.read() if str(args.file) == "-" else args.file.read_text()
+    except OSError as exc:
+        print(f"agentpark: cannot read {args.file}: {exc}", file=sys.stderr)
+        return 2
+    with _token_store(settings) as store:
+        try:
+            added, same = store.import_lines(text.splitlines())
+        except ValueError as exc:
+            print(f"agentpark: {args.file}: {exc}; nothing imported", file=sys.stderr)
+            return 2
+    print(f"imported {added} token(s) from {args.file}; {same} already there")
+    return 0
+
+
 def _db_upgrade(args: argparse.Namespace) -> int:
     from agentpark.statedir import private_dir
     from agentpark.store.migrate import upgrade
@@ -279,7 +457,16 @@ def _status(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     url = args.url or f"http://{settings.server.host}:{settings.server.port}"
-    return print_status(url, token=args.token)
+    return print_status(url, token=_token(args))
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """--token, else $AGENTPARK_TOKEN, else none (the loopback default)."""
+    import os
+
+    from agentpark.auth import TOKEN_ENV
+
+    return args.token or os.environ.get(TOKEN_ENV) or None
 
 
 def _env_config() -> Path | None:
@@ -300,7 +487,7 @@ def _drain(args: argparse.Namespace) -> int:
     url = args.url or f"http://{settings.server.host}:{settings.server.port}"
     timeout = settings.shutdown.deadline_s + 30
     try:
-        with AgentparkClient(url, token=args.token, timeout=timeout) as client:
+        with AgentparkClient(url, token=_token(args), timeout=timeout) as client:
             summary = client.drain()
     except (httpx.HTTPError, AgentparkAPIError) as exc:
         print(f"agentpark: drain of {url} failed: {exc}", file=sys.stderr)

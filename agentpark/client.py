@@ -5,7 +5,7 @@ models (``agentpark.api.schemas``, ``agentpark.snapshot.HostSnapshot``)::
 
     from agentpark.client import AgentparkAPIError, AgentparkClient
 
-    with AgentparkClient("http://127.0.0.1:8470", tenant="team-a") as ap:
+    with AgentparkClient("http://127.0.0.1:8470", token=os.environ["AGENTPARK_TOKEN"]) as ap:
         ap.create_session("agent-1", metadata={"task": "trip planning"})
         ap.generate("agent-1", "Find flights to Lisbon.", max_new_tokens=32)
         paused = ap.pause("agent-1", tool="web_search", expected_resume_s=8)
@@ -16,6 +16,10 @@ models (``agentpark.api.schemas``, ``agentpark.snapshot.HostSnapshot``)::
             ap.get_session("nope")
         except AgentparkAPIError as exc:
             print(exc.status, exc.code)  # 404 session_not_found
+
+The tenant is the token's (``agentpark token create --tenant NAME --scope sessions``);
+without ``token=`` the client sends ``$AGENTPARK_TOKEN`` if set, else no token (a
+loopback daemon with no token in its database serves tenant ``default`` then).
 
 ``AsyncAgentparkClient`` has the same methods as coroutines (``async with``, ``await
 ap.generate(...)``; ``iter_sessions`` is an async iterator).
@@ -33,6 +37,7 @@ a ``_Call`` (method, path, body, query, how to read the answer); both clients ex
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, Generic, Protocol, Self, overload
@@ -46,12 +51,12 @@ from agentpark.api.schemas import (
 from agentpark.client_calls import (
     DEFAULT_TIMEOUT,
     DEFAULT_URL,
-    TENANT_HEADER,
     AgentparkAPIError,
     P,
     T,
     _Call,
     _create_session,
+    _create_token,
     _delete_session,
     _drain,
     _events,
@@ -71,6 +76,8 @@ from agentpark.client_calls import (
     _reload_policy,
     _request,
     _resume,
+    _revoke_token,
+    _tokens,
 )
 
 __all__ = ["AgentparkAPIError", "AgentparkClient", "AsyncAgentparkClient"]
@@ -79,12 +86,14 @@ __all__ = ["AgentparkAPIError", "AgentparkClient", "AsyncAgentparkClient"]
 # ---- the clients -------------------------------------------------------------------------
 
 
+TOKEN_ENV = "AGENTPARK_TOKEN"
+
+
 def _options(
-    base_url: str, tenant: str | None, token: str | None, timeout: float | httpx.Timeout | None
+    base_url: str, token: str | None, timeout: float | httpx.Timeout | None
 ) -> dict[str, Any]:
     headers = {"User-Agent": f"agentpark-client/{__version__}"}
-    if tenant is not None:
-        headers[TENANT_HEADER] = tenant
+    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     return {"base_url": base_url, "headers": headers, "timeout": timeout}
@@ -154,22 +163,21 @@ class _Async(_Route[P, T]):
 class AgentparkClient:
     """Blocking client of one daemon; every method is one HTTP request (see module doc).
 
-    ``tenant`` is sent as ``X-Agentpark-Tenant`` and ``token`` as ``Authorization:
-    Bearer`` when given; ``transport`` replaces httpx's network transport (tests, proxies).
+    ``token`` is sent as ``Authorization: Bearer`` (default ``$AGENTPARK_TOKEN``); the
+    tenant is the token's. ``transport`` replaces httpx's network transport (tests,
+    proxies).
     """
 
     def __init__(
         self,
         base_url: str = DEFAULT_URL,
         *,
-        tenant: str | None = None,
         token: str | None = None,
         timeout: float | httpx.Timeout | None = DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = base_url
-        self.tenant = tenant
-        self._http = httpx.Client(**_options(base_url, tenant, token, timeout), transport=transport)
+        self._http = httpx.Client(**_options(base_url, token, timeout), transport=transport)
 
     def _run(self, call: _Call[T]) -> T:
         return call.finish(self._http.request(call.method, call.path, **call.options()))
@@ -187,6 +195,9 @@ class AgentparkClient:
     drain = _Sync(_drain)
     reload_policy = _Sync(_reload_policy)
     policy = _Sync(_policy)
+    tokens = _Sync(_tokens)
+    create_token = _Sync(_create_token)
+    revoke_token = _Sync(_revoke_token)
     history = _Sync(_history)
     latency = _Sync(_latency)
     parked = _Sync(_parked)
@@ -228,14 +239,12 @@ class AsyncAgentparkClient:
         self,
         base_url: str = DEFAULT_URL,
         *,
-        tenant: str | None = None,
         token: str | None = None,
         timeout: float | httpx.Timeout | None = DEFAULT_TIMEOUT,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url
-        self.tenant = tenant
-        options = _options(base_url, tenant, token, timeout)
+        options = _options(base_url, token, timeout)
         self._http = httpx.AsyncClient(**options, transport=transport)
 
     async def _run(self, call: _Call[T]) -> T:
@@ -255,6 +264,9 @@ class AsyncAgentparkClient:
     drain = _Async(_drain)
     reload_policy = _Async(_reload_policy)
     policy = _Async(_policy)
+    tokens = _Async(_tokens)
+    create_token = _Async(_create_token)
+    revoke_token = _Async(_revoke_token)
     history = _Async(_history)
     latency = _Async(_latency)
     parked = _Async(_parked)

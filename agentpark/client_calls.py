@@ -26,6 +26,7 @@ from agentpark.api.schemas import (
     SessionOut,
     SessionPage,
 )
+from agentpark.api.schemas_auth import TokenCreate, TokenCreated, TokenOut, TokenPage
 from agentpark.api.schemas_host import (
     HistoryResponse,
     LatencyResponse,
@@ -37,10 +38,9 @@ from agentpark.api.schemas_host import (
 )
 from agentpark.snapshot import HostSnapshot
 
-__all__ = ["DEFAULT_URL", "TENANT_HEADER", "AgentparkAPIError"]
+__all__ = ["DEFAULT_URL", "AgentparkAPIError"]
 
 DEFAULT_URL = "http://127.0.0.1:8470"
-TENANT_HEADER = "X-Agentpark-Tenant"
 # A generate that re-prefills a long context, or a drain, can take minutes.
 DEFAULT_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
 
@@ -257,6 +257,23 @@ def _reload_policy() -> _Call[ReloadResponse]:
 def _policy() -> _Call[PolicyResponse]:
     """The policy in force and the learned tool pauses (``GET /v1/admin/policy``)."""
     return _Call("GET", "/v1/admin/policy", _model(PolicyResponse))
+
+
+def _tokens() -> _Call[TokenPage]:
+    """Every token, revoked ones too, never a secret (``GET /v1/admin/tokens``; admin)."""
+    return _Call("GET", "/v1/admin/tokens", _model(TokenPage))
+
+
+def _create_token(tenant: str, scopes: Sequence[str]) -> _Call[TokenCreated]:
+    """A new token of ``tenant`` with ``scopes``; ``.token`` is shown this once (admin)."""
+    body = _body(TokenCreate, tenant=tenant, scopes=list(scopes))
+    return _Call("POST", "/v1/admin/tokens", _model(TokenCreated), json=body)
+
+
+def _revoke_token(token_id: str) -> _Call[TokenOut]:
+    """Revoke a token by its id; refused by the daemon from the next request on (admin)."""
+    path = f"/v1/admin/tokens/{quote(token_id, safe='')}"
+    return _Call("DELETE", path, _model(TokenOut))
 
 
 def _history(

@@ -4,8 +4,12 @@ The hierarchy::
 
     AgentparkError                      500 internal_error
     ├── ConfigError                     500 config_error (start-up only: never served)
+    ├── TenantHeaderError               400 tenant_header_refused
+    ├── UnauthenticatedError            401 unauthenticated
+    ├── MissingScopeError               403 insufficient_scope
     ├── NotFoundError                   404
-    │   └── SessionNotFoundError        404 session_not_found
+    │   ├── SessionNotFoundError        404 session_not_found
+    │   └── TokenNotFoundError          404 token_not_found
     ├── ConflictError                   409
     │   ├── SessionExistsError          409 session_exists
     │   ├── SessionBusyError            409 session_busy
@@ -45,6 +49,7 @@ __all__ = [
     "InvalidRequestError",
     "InvalidStateError",
     "LimitExceededError",
+    "MissingScopeError",
     "NotFoundError",
     "NotReadyError",
     "PayloadTooLargeError",
@@ -53,8 +58,11 @@ __all__ = [
     "SessionExistsError",
     "SessionNotFoundError",
     "StorageUnavailableError",
+    "TenantHeaderError",
     "TierFullError",
+    "TokenNotFoundError",
     "TransferError",
+    "UnauthenticatedError",
     "ValidationFailure",
     "error_responses",
 ]
@@ -71,15 +79,18 @@ class AgentparkError(Exception):
         super().__init__(message)
         self.message = message
         self.details = details
+        # Headers set by the error itself (WWW-Authenticate of a 401), beside Retry-After.
+        self.extra_headers: dict[str, str] = {}
 
     @property
     def headers(self) -> dict[str, str]:
         """HTTP headers of the answer: ``Retry-After`` when ``details`` has
         ``retry_after_s`` (a time-out that may pass, a store that may come back)."""
+        headers = dict(self.extra_headers)
         retry = self.details.get("retry_after_s")
-        if retry is None:
-            return {}
-        return {"Retry-After": str(max(1, math.ceil(float(retry))))}
+        if retry is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(float(retry))))
+        return headers
 
     def to_body(self) -> dict[str, Any]:
         """The JSON error envelope the API returns."""
@@ -100,6 +111,55 @@ class ConfigError(AgentparkError):
     served = False
 
 
+class TenantHeaderError(AgentparkError):
+    """The request sets X-Agentpark-Tenant; the tenant comes from the bearer token only."""
+
+    status = 400
+    code = "tenant_header_refused"
+
+    def __init__(self, header: str) -> None:
+        super().__init__(
+            f"{header} is refused: the tenant comes from the bearer token "
+            "(agentpark token create --tenant NAME), never from a header",
+            header=header,
+        )
+
+
+class UnauthenticatedError(AgentparkError):
+    """No bearer token, or one that is unknown, malformed or revoked."""
+
+    status = 401
+    code = "unauthenticated"
+
+    def __init__(self, message: str, *, invalid_token: bool = False, **details: Any) -> None:
+        super().__init__(message, **details)
+        # RFC 6750: the challenge names the scheme, and error="invalid_token" when a
+        # token was sent but is not one this daemon accepts.
+        challenge = 'Bearer realm="agentpark"'
+        if invalid_token:
+            challenge += ', error="invalid_token"'
+        self.extra_headers["WWW-Authenticate"] = challenge
+
+
+class MissingScopeError(AgentparkError):
+    """The token is valid but lacks the scope this route needs."""
+
+    status = 403
+    code = "insufficient_scope"
+
+    def __init__(self, scope: str, token_id: str | None, scopes: list[str]) -> None:
+        super().__init__(
+            f"this route needs a token with the {scope!r} scope; this one has "
+            f"{', '.join(scopes) or 'none'} (agentpark token create --scope {scope})",
+            scope=scope,
+            token_id=token_id,
+            scopes=scopes,
+        )
+        self.extra_headers["WWW-Authenticate"] = (
+            f'Bearer realm="agentpark", error="insufficient_scope", scope="{scope}"'
+        )
+
+
 class NotFoundError(AgentparkError):
     """Something the request names does not exist."""
 
@@ -114,6 +174,15 @@ class SessionNotFoundError(NotFoundError):
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f"session {session_id!r} not found", session_id=session_id)
+
+
+class TokenNotFoundError(NotFoundError):
+    """No token with this id (``agentpark token list`` shows the ids)."""
+
+    code = "token_not_found"
+
+    def __init__(self, token_id: str) -> None:
+        super().__init__(f"token {token_id!r} not found", token_id=token_id)
 
 
 class ConflictError(AgentparkError):

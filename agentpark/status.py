@@ -1,4 +1,9 @@
-"""``agentpark status``: a running daemon's /v1/host as readable tables."""
+"""``agentpark status``: a running daemon's /v1/host as readable tables.
+
+It reads operator views (/v1/host, /v1/host/latency, /v1/peers): pass a token with the
+``operator`` scope (``--token`` or ``$AGENTPARK_TOKEN``), unless the daemon is on loopback
+with no token in its database.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +33,16 @@ def print_status(url: str, console: Console | None = None, *, token: str | None 
     with AgentparkClient(url, token=token, timeout=httpx.Timeout(30.0, connect=5.0)) as client:
         try:
             host = client.host()
-        except (httpx.HTTPError, AgentparkAPIError) as exc:
+        except AgentparkAPIError as exc:
+            if exc.status in (401, 403):
+                console.print(
+                    f"[red]agentpark daemon at {url} refused: {exc}[/red]\n"
+                    "pass a token with the operator scope: --token or $AGENTPARK_TOKEN"
+                )
+            else:
+                console.print(f"[red]agentpark daemon at {url} did not answer: {exc}[/red]")
+            return 1
+        except httpx.HTTPError as exc:
             console.print(f"[red]agentpark daemon at {url} did not answer: {exc}[/red]")
             return 1
         pool = host.pool

@@ -5,6 +5,12 @@
 - ``app_factory``: the same, for a test that needs its own settings.
 - ``daemon`` / ``daemon_factory``: a real uvicorn server on a loopback port, for what
   needs one (HTTP itself, concurrency, drain); ``daemon_process``: a real child process.
+
+Auth: an in-process app has no bind, so it is built with ``anonymous=False`` (every
+request needs a token) unless a test asks otherwise; its ``client(tenant)`` makes a token
+of that tenant (sessions and operator scopes) in the app's database. A ``Daemon`` binds
+127.0.0.1, so it has the loopback default (tenant ``default``, no token) until a test
+makes a token (``Daemon.token``); admin routes always need one (``Daemon.admin``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from fastapi import FastAPI
 
 from agentpark.app import create_app
+from agentpark.auth import Gate, Scope, parse_scopes
 from agentpark.client import AgentparkAPIError, AgentparkClient
 from agentpark.config import Settings, load_settings
 from agentpark.runtime import Runtime
@@ -158,6 +165,29 @@ class _PortalTransport(httpx.BaseTransport):
         return httpx.Response(answer.status_code, headers=answer.headers, content=raw)
 
 
+class TenantClient(AgentparkClient):
+    """A client with a token of one tenant; ``tenant`` and ``token`` kept for the test."""
+
+    def __init__(self, url: str, tenant: str, token: str, **kwargs: Any) -> None:
+        super().__init__(url, token=token, **kwargs)
+        self.tenant = tenant
+        self.token = token
+
+
+SESSIONS_AND_OPERATOR = "sessions,operator"
+
+
+def make_token(app: FastAPI, tenant: str, scopes: str = SESSIONS_AND_OPERATOR) -> str:
+    """A new token of ``tenant`` in a running app's database (as `agentpark token create`)."""
+    gate: Gate = app.state.gate
+    token, _ = gate.store.create(tenant, parse_scopes(scopes))
+    return token
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
 @dataclass
 class InProcessApp:
     """``create_app(settings)`` with its lifespan running in this process, and no server."""
@@ -172,9 +202,13 @@ class InProcessApp:
         runtime: Runtime = self.app.state.runtime
         return runtime
 
-    def client(self, tenant: str | None = None) -> AgentparkClient:
-        """A client of this app (closed with it); ``tenant`` as the daemon sees it."""
-        client = AgentparkClient("http://in-process", tenant=tenant, transport=self.transport)
+    def token(self, tenant: str = "default", scopes: str = SESSIONS_AND_OPERATOR) -> str:
+        return make_token(self.app, tenant, scopes)
+
+    def client(self, tenant: str = "default", scopes: str = SESSIONS_AND_OPERATOR) -> TenantClient:
+        """A client of this app (closed with it) with a new token of ``tenant``."""
+        token = self.token(tenant, scopes)
+        client = TenantClient("http://in-process", tenant, token, transport=self.transport)
         self.clients.append(client)
         return client
 
@@ -184,16 +218,21 @@ class InProcessApp:
             try:
                 for session in list(client.iter_sessions(page_size=1000)):
                     client.delete_session(session.session_id)
-            except AgentparkAPIError as exc:  # a tenant name the daemon refuses made none
-                assert exc.code == "invalid_request", exc
+            except AgentparkAPIError as exc:  # a token without the sessions scope made none
+                assert exc.status in (401, 403), exc
             client.close()
         self.clients.clear()
 
 
 @contextmanager
-def run_in_process(settings: Settings, config_path: Path | None = None) -> Iterator[InProcessApp]:
-    """Run the app's lifespan (runtime start, warm-up, shutdown) on a portal's event loop."""
-    app = create_app(settings, config_path)
+def run_in_process(
+    settings: Settings, config_path: Path | None = None, *, anonymous: bool = False
+) -> Iterator[InProcessApp]:
+    """Run the app's lifespan (runtime start, warm-up, shutdown) on a portal's event loop.
+
+    No bind, so no loopback default unless ``anonymous``: every request needs a token.
+    """
+    app = create_app(settings, config_path, anonymous=anonymous)
     with start_blocking_portal() as portal, ExitStack() as stack:
         stack.enter_context(portal.wrap_async_context_manager(app.router.lifespan_context(app)))
         running = InProcessApp(settings, app, _PortalTransport(app, portal))
@@ -235,12 +274,14 @@ def app_client(
 
 
 @pytest.fixture
-def app_factory() -> Iterator[Callable[[Settings], InProcessApp]]:
+def app_factory() -> Iterator[Callable[..., InProcessApp]]:
     """Start an in-process app with these settings; each is shut down after the test."""
     with ExitStack() as stack:
 
-        def start(settings: Settings) -> InProcessApp:
-            running: AbstractContextManager[InProcessApp] = run_in_process(settings)
+        def start(settings: Settings, *, anonymous: bool = False) -> InProcessApp:
+            running: AbstractContextManager[InProcessApp] = run_in_process(
+                settings, anonymous=anonymous
+            )
             return stack.enter_context(running)
 
         yield start
@@ -262,6 +303,20 @@ class Daemon:
         runtime: Runtime = self.app.state.runtime
         return runtime
 
+    def token(self, tenant: str = "default", scopes: str = SESSIONS_AND_OPERATOR) -> str:
+        """A new token in this daemon's database (from then on every request needs one)."""
+        return make_token(self.app, tenant, scopes)
+
+    def admin(self) -> dict[str, str]:
+        """A token of tenant default with every scope, sent by ``client`` from now on.
+
+        Admin routes need a token even on loopback, and once one exists every request
+        needs one: the test's client keeps acting as tenant default, now with a token.
+        """
+        headers = bearer(self.token("default", ",".join(s.value for s in Scope)))
+        self.client.headers.update(headers)
+        return headers
+
     def stop(self) -> None:
         self.client.close()
         self.server.should_exit = True
@@ -275,7 +330,7 @@ def start_daemon(settings: Settings, config_path: Path | None = None) -> Daemon:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)  # connections queue here until uvicorn accepts: no start-up polling
     port = sock.getsockname()[1]
-    app = create_app(settings, config_path)
+    app = create_app(settings, config_path, anonymous=True)  # bound to 127.0.0.1 below
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     app.state.request_shutdown = lambda: setattr(server, "should_exit", True)

@@ -42,6 +42,28 @@ def test_serve_status_and_sigterm(tmp_path: Path, shm_dir: Path) -> None:
     # The port comes only from the file, given after the subcommand, to serve and status.
     config = tmp_path / "agentpark.toml"
     config.write_text(f"[server]\nport = {port}\n")
+    # A token made before the daemon runs (the CLI works on the database directly).
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentpark",
+            "token",
+            "create",
+            "--config",
+            str(config),
+            "--tenant",
+            "ops",
+            "--scope",
+            "sessions,operator",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
     cmd = [sys.executable, "-m", "agentpark", "serve", "--config", str(config)]
     with subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True) as proc:
         assert proc.stderr is not None
@@ -58,10 +80,19 @@ def test_serve_status_and_sigterm(tmp_path: Path, shm_dir: Path) -> None:
             assert proc.poll() is None, "daemon exited early:\n" + "".join(seen)
             assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
             assert (tmp_path / "state" / "agentpark.db").is_file()
-            httpx.post(f"{url}/v1/sessions", json={"session_id": "cli"})
+            auth = {"Authorization": f"Bearer {token}"}
+            created = httpx.post(f"{url}/v1/sessions", json={"session_id": "cli"}, headers=auth)
+            assert created.status_code == 201, created.text
             status = subprocess.run(
-                [*STATUS, "--config", str(config), "--token", "not-checked-yet"],
-                env=env | {"COLUMNS": "120"},
+                [*STATUS, "--config", str(config)],
+                env=env | {"COLUMNS": "120", "AGENTPARK_TOKEN": token},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            refused = subprocess.run(
+                [*STATUS, "--config", str(config), "--token", token[:-1] + "x"],
+                env=env | {"COLUMNS": "120", "AGENTPARK_TOKEN": token},  # --token wins
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -74,6 +105,8 @@ def test_serve_status_and_sigterm(tmp_path: Path, shm_dir: Path) -> None:
     assert code in (0, -signal.SIGTERM)
     assert "Application shutdown complete" in "".join(rest)
     assert status.returncode == 0, status.stderr
+    assert refused.returncode == 1 and "401" in refused.stdout
+    assert "AGENTPARK_TOKEN" in refused.stdout, refused.stdout
     assert "KV pool used" in status.stdout and "0/32 blocks" in status.stdout
     assert "tier dram" in status.stdout and "HBM reclaimed" in status.stdout
     assert f"agentpark at {url}" in status.stdout
@@ -109,6 +142,11 @@ COMMANDS = [
     ["db", "upgrade"],
     ["status"],
     ["drain"],
+    ["token", "create", "--tenant", "t", "--scope", "sessions"],
+    ["token", "list"],
+    ["token", "revoke", "abc"],
+    ["token", "export"],
+    ["token", "import", "f"],
     ["bench", "transfer"],
     ["bench", "resume"],
     ["bench", "agents"],
@@ -122,8 +160,9 @@ def test_config_goes_before_or_after_every_subcommand(command: list[str]) -> Non
     assert parse(["--config", "a.toml", *command]).config == Path("a.toml")
     assert parse([*command, "--config", "b.toml"]).config == Path("b.toml")
     assert parse(["--config", "a.toml", *command, "--config", "b.toml"]).config == Path("b.toml")
-    if len(command) == 2:  # between a group and its command, too
-        assert parse([command[0], "--config", "c.toml", command[1]]).config == Path("c.toml")
+    if len(command) >= 2 and command[0] in ("db", "token", "bench"):  # between group and command
+        between = [command[0], "--config", "c.toml", *command[1:]]
+        assert parse(between).config == Path("c.toml")
 
 
 def test_db_upgrade_reads_a_config_given_after_the_subcommand(tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ from tests.conftest import Daemon, settled, wait_until
 
 
 def test_a_session_life_cycle_through_the_client(daemon: Daemon) -> None:
-    with AgentparkClient(daemon.url, tenant="orchestrator") as ap:
+    token = daemon.token("orchestrator", "sessions,operator,admin")
+    with AgentparkClient(daemon.url, token=token) as ap:
         assert ap.healthz().status == "ok" and ap.readyz() is True
         created = ap.create_session("agent-1", metadata={"task": "trip planning"})
         assert isinstance(created, SessionOut)
@@ -74,7 +75,7 @@ def test_pause_without_waiting_answers_at_once(daemon: Daemon) -> None:
 
 
 def test_list_pages_and_iter_sessions_walks_every_page(daemon: Daemon) -> None:
-    with AgentparkClient(daemon.url, tenant="pages") as ap:
+    with AgentparkClient(daemon.url, token=daemon.token("pages", "sessions")) as ap:
         ids = [f"s{i}" for i in range(5)]
         for sid in ids:
             ap.create_session(sid)
@@ -89,7 +90,7 @@ def test_list_pages_and_iter_sessions_walks_every_page(daemon: Daemon) -> None:
         assert [s.session_id for s in ap.iter_sessions(page_size=1)] == ids[:1] + ids[2:]
         deleted = ap.iter_sessions(state="deleted", page_size=1)
         assert [s.session_id for s in deleted] == ["s1"]
-    with AgentparkClient(daemon.url, tenant="someone-else") as other:
+    with AgentparkClient(daemon.url, token=daemon.token("someone-else", "sessions")) as other:
         assert list(other.iter_sessions()) == []
 
 
@@ -117,8 +118,10 @@ def test_errors_carry_the_status_code_and_details_of_the_envelope(daemon: Daemon
 
 
 def test_the_async_client_makes_the_same_calls(daemon: Daemon) -> None:
+    token = daemon.token("async")
+
     async def drive() -> list[str]:
-        async with AsyncAgentparkClient(daemon.url, tenant="async") as ap:
+        async with AsyncAgentparkClient(daemon.url, token=token) as ap:
             assert await ap.readyz() is True
             for sid in ("a", "b", "c"):
                 await ap.create_session(sid)
@@ -149,9 +152,13 @@ def test_drain_through_the_client_parks_everything_and_stops_the_daemon(
     make_settings: Callable[..., Settings], daemon_factory: Callable[[Settings], Daemon]
 ) -> None:
     daemon = daemon_factory(make_settings())
-    with AgentparkClient(daemon.url) as ap:
+    with AgentparkClient(daemon.url) as ap:  # the loopback default: tenant default
         ap.create_session("s")
         ap.generate("s", "abc", max_new_tokens=4)
+        with pytest.raises(AgentparkAPIError) as refused:
+            ap.drain()  # admin needs a token, even on loopback
+        assert refused.value.status == 401
+    with AgentparkClient(daemon.url, token=daemon.token("ops", "admin")) as ap:
         summary = ap.drain()
     assert (summary.parked, summary.moved, summary.lost) == (1, 0, 0)
     daemon.thread.join(timeout=60)
@@ -171,7 +178,9 @@ def _stub(
     return httpx.MockTransport(handle)
 
 
-def test_tenant_and_token_headers_and_unset_fields_are_not_sent() -> None:
+def test_the_token_header_is_sent_and_unset_fields_are_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     seen: list[httpx.Request] = []
     answer = {
         "session_id": "s",
@@ -184,13 +193,20 @@ def test_tenant_and_token_headers_and_unset_fields_are_not_sent() -> None:
         "pause_ms": 0.0,
     }
     transport = _stub(lambda _r: httpx.Response(200, json=answer), seen)
-    with AgentparkClient("http://stub", tenant="t1", token="secret", transport=transport) as ap:
+    with AgentparkClient("http://stub", token="secret", transport=transport) as ap:
         assert ap.pause("a/b", tool="code_run", wait=False).decision == "kept"
     with AgentparkClient("http://stub", transport=transport) as anonymous:
         anonymous.pause("s", tier="shm", expected_resume_s=0)
-    first, second = seen
-    assert first.headers["X-Agentpark-Tenant"] == "t1"
+    monkeypatch.setenv("AGENTPARK_TOKEN", "from-env")
+    with AgentparkClient("http://stub", transport=transport) as from_env:
+        from_env.pause("s")
+    with AgentparkClient("http://stub", token="given", transport=transport) as given:
+        given.pause("s")
+    first, second, third, fourth = seen
+    assert "X-Agentpark-Tenant" not in first.headers  # the tenant is the token's
     assert first.headers["Authorization"] == "Bearer secret"
+    assert third.headers["Authorization"] == "Bearer from-env"
+    assert fourth.headers["Authorization"] == "Bearer given"
     assert first.url.raw_path == b"/v1/sessions/a%2Fb/pause?wait=false"
     assert json.loads(first.content) == {"tool": "code_run"}  # the daemon's defaults apply
     assert "X-Agentpark-Tenant" not in second.headers and "Authorization" not in second.headers

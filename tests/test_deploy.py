@@ -113,6 +113,32 @@ def test_unit_runs_serve_with_the_etc_config() -> None:
     assert args.port is None, "the port comes from the config, like everywhere else"
 
 
+def test_unit_imports_the_tokens_credential_before_serving(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = _unit()["Service"]
+    credential_id, _, source = _one(service, "LoadCredential").partition(":")
+    assert PurePosixPath(source).is_absolute()
+    # A default makes a missing file non-fatal: a comment line, nothing is imported then.
+    default_id, _, default = _one(service, "SetCredential").partition(":")
+    assert default_id == credential_id
+    argv = shlex.split(_one(service, "ExecStartPre"))
+    assert argv[0] == shlex.split(_one(service, "ExecStart"))[0]
+    args = _cli(argv)
+    assert args.run is cli._token_import
+    assert args.config == _cli(shlex.split(_one(service, "ExecStart"))).config
+    assert str(args.file) == f"%d/{credential_id}", "%d: the unit's credentials directory"
+    # What the import does with an empty credential, and with an export in it.
+    settings = load_settings(state_dir=tmp_path / "state")
+    monkeypatch.setenv("AGENTPARK_STATE_DIR", str(settings.state_dir))
+    for text in ("", default):
+        (tmp_path / credential_id).write_text(text)
+        args.file = tmp_path / credential_id
+        args.config = None
+        assert args.run(args) == 0
+        assert "imported 0 token(s)" in capsys.readouterr().out
+
+
 def test_unit_state_dir_is_the_systemd_state_directory() -> None:
     service = _unit()["Service"]
     state = _one(service, "StateDirectory")
@@ -358,11 +384,21 @@ class _Yaml:
         return text
 
 
+def _documents() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = _Yaml.documents(DAEMONSET.read_text())
+    return docs
+
+
 def _manifests() -> dict[str, dict[str, Any]]:
-    docs = _Yaml.documents(DAEMONSET.read_text())
+    """One document per kind (Secrets, of which there are two, are in ``_secrets``)."""
+    docs = [doc for doc in _documents() if doc["kind"] != "Secret"]
     kinds = [doc["kind"] for doc in docs]
     assert len(kinds) == len(set(kinds)), kinds
     return {doc["kind"]: doc for doc in docs}
+
+
+def _secrets() -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc for doc in _documents() if doc["kind"] == "Secret"}
 
 
 def _pod() -> dict[str, Any]:
@@ -467,6 +503,53 @@ def test_daemonset_shm_is_shared_memory() -> None:
         return
     (volume,) = [name for name, path in _mounts(_daemon()).items() if path == "/dev/shm"]
     assert _volumes()[volume]["emptyDir"]["medium"] == "Memory"
+
+
+def test_daemonset_imports_the_tokens_secret_before_the_daemon_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod = _pod()
+    (importer,) = [c for c in pod["initContainers"] if c["name"] == "token-import"]
+    args = _cli(importer["command"] + importer.get("args", []))
+    assert args.run is cli._token_import
+    daemon_args = _cli(_daemon()["command"] + _daemon().get("args", []))
+    assert args.config == daemon_args.config
+    # The same state dir as the daemon, on the same volume.
+    env = {e["name"]: e["value"] for e in importer["env"]}
+    daemon_env = {e["name"]: e["value"] for e in _daemon()["env"] if "value" in e}
+    assert env["AGENTPARK_STATE_DIR"] == daemon_env["AGENTPARK_STATE_DIR"]
+    state_volume = next(n for n, p in _mounts(_daemon()).items() if p == env["AGENTPARK_STATE_DIR"])
+    assert _mounts(importer)[state_volume] == env["AGENTPARK_STATE_DIR"]
+    # The file is a key of the agentpark-tokens Secret, mounted where the command reads it.
+    (volume,) = [
+        name
+        for name, path in _mounts(importer).items()
+        if PurePosixPath(args.file).parent == PurePosixPath(path)
+    ]
+    secret_name = _volumes()[volume]["secret"]["secretName"]
+    secret = _secrets()[secret_name]
+    assert secret["metadata"]["namespace"] == _manifests()["DaemonSet"]["metadata"]["namespace"]
+    contents = secret["stringData"][PurePosixPath(args.file).name]
+    # Runs as the daemon's user (the pod's), not as root like the chown step.
+    assert importer["securityContext"].get("runAsUser") in (
+        None,
+        pod["securityContext"]["runAsUser"],
+    )
+    # As shipped the Secret imports cleanly and holds no token: the daemon, bound to
+    # 0.0.0.0, then refuses to start (tests/test_tokens_cli.py) until one is put there.
+    path = tmp_path / "tokens"
+    path.write_text(contents)
+    args.file, args.config = path, None
+    monkeypatch.setenv("AGENTPARK_STATE_DIR", str(tmp_path / "state"))
+    assert args.run(args) == 0
+    assert "imported 0 token(s)" in capsys.readouterr().out
+
+
+def test_daemonset_gives_clients_their_token_through_a_secret() -> None:
+    client = _secrets()["agentpark-client-token"]
+    assert "token" in client["stringData"]
+    text = DAEMONSET.read_text()
+    assert "name: AGENTPARK_TOKEN" in text and "secretKeyRef: {name: agentpark-client-token" in text
 
 
 def test_daemonset_stops_gracefully_and_has_resources() -> None:

@@ -19,6 +19,7 @@ NO_JAX = [
     "agentpark.store.repository",
     "agentpark.policy.rules",
     "agentpark.api.schemas",
+    "agentpark.auth",
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -99,8 +100,29 @@ def test_agentpark_drain_parks_everything_and_stops_the_daemon(
     daemon = daemon_process(config, free_port())
     daemon.client.post("/v1/sessions", json={"session_id": "s"})
     daemon.client.post("/v1/sessions/s/generate", json=FIRST)
+    # Drain is admin, even on loopback: a token made by the CLI while the daemon runs.
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentpark",
+            "--config",
+            str(config),
+            "token",
+            "create",
+            "--tenant",
+            "ops",
+            "--scope",
+            "admin",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
     out = subprocess.run(
         [sys.executable, "-m", "agentpark", "--config", str(config), "drain", "--url", daemon.url],
+        env={**os.environ, "AGENTPARK_TOKEN": made.stdout.strip()},
         capture_output=True,
         text=True,
         timeout=120,

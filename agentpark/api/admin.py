@@ -6,7 +6,7 @@ import logging
 
 from fastapi import APIRouter, Request
 
-from agentpark.api.deps import RuntimeDep
+from agentpark.api.deps import ADMIN, AUTH_ERRORS, OPERATOR, RuntimeDep
 from agentpark.api.schemas import DrainResponse
 from agentpark.api.schemas_host import PolicyResponse, ReloadResponse, ToolEstimate
 from agentpark.errors import InvalidRequestError, error_responses
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
 
-@router.post("/drain")
+@router.post("/drain", dependencies=[ADMIN], responses=error_responses(*AUTH_ERRORS))
 def drain_daemon(runtime: RuntimeDep, request: Request) -> DrainResponse:
     """Park every session into shm/disk within shutdown.deadline_s, then stop the daemon.
 
@@ -39,15 +39,22 @@ def _request_shutdown(request: Request) -> None:
         log.warning("drained, but this server offers no way to stop it; stop it yourself")
 
 
-@router.post("/reload", responses=error_responses(InvalidRequestError))
+@router.post(
+    "/reload",
+    dependencies=[ADMIN],
+    responses=error_responses(InvalidRequestError, *AUTH_ERRORS),
+)
 def reload_policy(runtime: RuntimeDep) -> ReloadResponse:
     """Re-read the config file's policy section; a bad file is refused (422), old one stays."""
     return ReloadResponse(reloaded=True, policy=runtime.reload_policy())
 
 
-@router.get("/policy")
+@router.get("/policy", dependencies=[OPERATOR], responses=error_responses(*AUTH_ERRORS))
 def get_policy(runtime: RuntimeDep) -> PolicyResponse:
-    """The policy in force, and what the daemon has learned about tool pauses."""
+    """The policy in force, and what the daemon has learned about tool pauses (operator).
+
+    The tool names come from every tenant's pauses: an operator view, like /v1/host/parked.
+    """
     return _policy_view(runtime)
 
 

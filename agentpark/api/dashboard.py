@@ -11,6 +11,11 @@ from ``agentpark/dashboard/``; nothing is fetched from outside the daemon). It r
 - ``GET /v1/peers``: this host and each ``dashboard.peers`` daemon, asked by this daemon
   with short timeouts; a peer that does not answer is ``"up": false`` with no figures,
   never zeros.
+
+The page itself is open (it holds no data); the data routes need the ``operator`` scope.
+The page sends ``Authorization: Bearer`` with a token it keeps in ``sessionStorage``: typed
+into its token field, or given once as ``/dashboard#token=...`` (a fragment, so it never
+reaches a server log; the page removes it from the address bar).
 """
 
 from __future__ import annotations
@@ -23,12 +28,12 @@ from importlib import resources
 from typing import Annotated
 
 import httpx
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from agentpark.api.deps import RuntimeDep
+from agentpark.api.deps import AUTH_ERRORS, OPERATOR, RuntimeDep
 from agentpark.api.schemas_host import (
     HistoryResponse,
     HistorySample,
@@ -95,7 +100,12 @@ def get_dashboard() -> HTMLResponse:
     return HTMLResponse(_page(), headers={"Cache-Control": "no-cache"})
 
 
-@router.get("/v1/host/history", tags=["host"], responses=error_responses(InvalidRequestError))
+# The page is open (it holds no data); every data route needs the operator scope.
+_GUARD = [OPERATOR]
+_ERRORS = error_responses(InvalidRequestError, *AUTH_ERRORS)
+
+
+@router.get("/v1/host/history", tags=["host"], dependencies=_GUARD, responses=_ERRORS)
 def get_history(
     runtime: RuntimeDep, since: Since = -3600.0, until: Until = None, step: Step = None
 ) -> HistoryResponse:
@@ -103,7 +113,7 @@ def get_history(
     return _history(runtime, since, until, step)
 
 
-@router.get("/v1/host/latency", tags=["host"], responses=error_responses(InvalidRequestError))
+@router.get("/v1/host/latency", tags=["host"], dependencies=_GUARD, responses=_ERRORS)
 def get_latency(
     runtime: RuntimeDep,
     window_s: Annotated[float, Query(gt=0.0, le=WEEK_S, allow_inf_nan=False)] = 900.0,
@@ -112,7 +122,7 @@ def get_latency(
     return _latency(runtime, window_s)
 
 
-@router.get("/v1/host/parked", tags=["host"], responses=error_responses(InvalidRequestError))
+@router.get("/v1/host/parked", tags=["host"], dependencies=_GUARD, responses=_ERRORS)
 def list_parked_sessions(
     runtime: RuntimeDep, limit: Annotated[int, Query(ge=1, le=1000)] = 10
 ) -> ParkedPage:
@@ -120,17 +130,21 @@ def list_parked_sessions(
     return _parked(runtime, limit)
 
 
-@router.get("/v1/peers", tags=["dashboard"], responses=error_responses(InvalidRequestError))
+@router.get("/v1/peers", tags=["dashboard"], dependencies=_GUARD, responses=_ERRORS)
 async def list_peers(
-    runtime: RuntimeDep, since: Since = -3600.0, step: Step = None
+    runtime: RuntimeDep,
+    request: Request,
+    since: Since = -3600.0,
+    step: Step = None,
 ) -> PeersResponse:
     """This host and every configured peer: figures now and HBM reclaimed over time.
 
     Peers are asked in parallel with ``dashboard.peer_timeout_s``; one that does not
     answer in time, refuses, or answers with an error is ``"up": false`` with the reason
-    and no figures.
+    and no figures. They are asked with the caller's own bearer token (give every host
+    the same operator token); a peer that refuses it is down with ``HTTP 401``.
     """
-    return await _peers(runtime, since, step)
+    return await _peers(runtime, since, step, request.headers.get("authorization"))
 
 
 # ---- what the routes answer -----------------------------------------------------------------
@@ -202,7 +216,9 @@ def _parked(runtime: Runtime, limit: int) -> ParkedPage:
     )
 
 
-async def _peers(runtime: Runtime, since: float, step: float | None) -> PeersResponse:
+async def _peers(
+    runtime: Runtime, since: float, step: float | None, authorization: str | None = None
+) -> PeersResponse:
     dashboard = runtime.settings.dashboard
     _window(since, None)  # 422 on a bad window before asking anyone
     own_host, own_history = await asyncio.gather(
@@ -225,7 +241,10 @@ async def _peers(runtime: Runtime, since: float, step: float | None) -> PeersRes
         params: dict[str, float] = {"since": since}
         if step is not None:
             params["step"] = step
-        async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
+        headers = {"Authorization": authorization} if authorization else None
+        async with httpx.AsyncClient(
+            timeout=timeout, follow_redirects=False, headers=headers
+        ) as client:
             hosts += await asyncio.gather(
                 *(
                     _ask_peer(client, peer.rstrip("/"), params, dashboard.peer_timeout_s)

@@ -35,7 +35,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_agentpark_error(_request: Request, exc: AgentparkError) -> JSONResponse:
         if exc.status >= 500 and exc.status != 507 and exc.status != 503:
             log.error("%s: %s", exc.code, exc.message)
-        return JSONResponse(exc.to_body(), status_code=exc.status, headers=exc.headers)
+        return JSONResponse(exc.to_body(), status_code=exc.status, headers=exc.headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

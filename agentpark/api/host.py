@@ -6,7 +6,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from agentpark.api.deps import ParkingDep, RuntimeDep, TenantDep
+from agentpark.api.deps import (
+    AUTH_ERRORS,
+    OPERATOR,
+    SESSIONS,
+    ParkingDep,
+    RuntimeDep,
+    TenantDep,
+)
 from agentpark.api.schemas import EventOut, EventPage
 from agentpark.api.schemas_host import LivenessResponse, ReadinessResponse
 from agentpark.errors import (
@@ -22,20 +29,27 @@ __all__ = ["router"]
 router = APIRouter()
 
 
-@router.get("/v1/host", tags=["host"])
+@router.get(
+    "/v1/host", tags=["host"], dependencies=[OPERATOR], responses=error_responses(*AUTH_ERRORS)
+)
 def get_host(runtime: RuntimeDep) -> HostSnapshot:
     """Pool totals, HBM reclaimed by parking, tier use, sessions by state, counters."""
     return runtime.host_snapshot()
 
 
-@router.get("/v1/events", tags=["host"], responses=error_responses(InvalidRequestError))
+@router.get(
+    "/v1/events",
+    tags=["host"],
+    dependencies=[SESSIONS],
+    responses=error_responses(InvalidRequestError, *AUTH_ERRORS),
+)
 def list_events(
     parking: ParkingDep,
     tenant: TenantDep,
     session_id: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> EventPage:
-    """Transitions with their durations and bytes, newest first."""
+    """The tenant's transitions with their durations and bytes, newest first."""
     return EventPage(
         events=[EventOut.of(e) for e in parking.list_events(tenant, session_id, limit)]
     )

@@ -9,6 +9,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query, Response, status
 
 from agentpark.api.deps import (
+    AUTH_ERRORS,
+    SESSIONS,
     ParkingDep,
     ReadyDriverDep,
     ReadyParkingDep,
@@ -47,9 +49,15 @@ from agentpark.parking import PauseOrder
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+# Every route needs the sessions scope, checked first; TenantDep reads the same identity.
+router = APIRouter(
+    prefix="/v1/sessions",
+    tags=["sessions"],
+    dependencies=[SESSIONS],
+    responses=error_responses(*AUTH_ERRORS),
+)
 
-# What every route on one session can answer: an unknown id, a bad tenant header or body.
+# What every route on one session can answer: an unknown id (or another tenant's), a bad body.
 _ONE_SESSION = (SessionNotFoundError, InvalidRequestError)
 # What an operation that takes the session can answer besides (it writes the database).
 _OPERATION = (SessionBusyError, InvalidStateError, StorageUnavailableError)

@@ -113,8 +113,6 @@ ADAPTIVE = "adaptive"
 POLICIES = (KEEP_ALL, RECOMPUTE, ALWAYS_PARK, ADAPTIVE)
 PARKING_POLICIES = (ALWAYS_PARK, ADAPTIVE)  # must give exactly keep-all's tokens
 
-TENANT = "bench"
-TENANT_HEADER = "X-Agentpark-Tenant"
 SHM_ROOT = Path("/dev/shm")
 
 # Targets (DESIGN.md section 10, issue 4): adaptive's makespan against the others'.
@@ -769,7 +767,6 @@ def _run_policy(policy: str, setup: Setup, on_turn: Callable[[], None]) -> Polic
     try:
         with httpx.Client(
             base_url=daemon.url,
-            headers={TENANT_HEADER: TENANT},
             timeout=300.0,
             limits=httpx.Limits(max_connections=n + 8, max_keepalive_connections=n + 8),
         ) as client:

@@ -44,7 +44,7 @@ class ThreadDaemon:
         sock.bind(("127.0.0.1", 0))
         sock.listen(1024)  # connections queue here until uvicorn accepts them
         port = sock.getsockname()[1]
-        app = create_app(settings)
+        app = create_app(settings, anonymous=True)  # bound to 127.0.0.1 above: no token needed
         config = uvicorn.Config(
             app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
         )

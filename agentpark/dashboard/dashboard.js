@@ -9,6 +9,9 @@
     resuming: "#5f3dc4", recomputing: "#c2255c"
   };
   var state = { refreshS: 5, timer: null, refreshes: 0, hosts: null };
+  // The bearer token the data calls send: kept in this tab's sessionStorage only, typed
+  // into the token field or given once as #token=... (a fragment never reaches a server).
+  var TOKEN_KEY = "agentpark-token";
 
   // ---- formatting --------------------------------------------------------------------
 
@@ -319,8 +322,33 @@
 
   function range() { return Number(document.getElementById("range").value) || 3600; }
 
+  function token() {
+    try { return sessionStorage.getItem(TOKEN_KEY) || ""; } catch (e) { return state.token || ""; }
+  }
+
+  function setToken(value) {
+    state.token = value;
+    try { sessionStorage.setItem(TOKEN_KEY, value); } catch (e) { /* storage off: memory only */ }
+  }
+
+  function takeTokenFromHash() {
+    var m = /(?:^#|&)token=([^&]*)/.exec(location.hash);
+    if (!m) return;
+    setToken(decodeURIComponent(m[1]));
+    var rest = location.hash.replace(/(^#|&)token=[^&]*/, "$1").replace(/^#&/, "#").replace(/&$/, "");
+    history.replaceState(null, "", location.pathname + location.search + (rest === "#" ? "" : rest));
+  }
+
   function getJSON(path) {
-    return fetch(path, { cache: "no-store", headers: { accept: "application/json" } }).then(function (r) {
+    var headers = { accept: "application/json" };
+    var t = token();
+    if (t) headers.authorization = "Bearer " + t;
+    return fetch(path, { cache: "no-store", headers: headers }).then(function (r) {
+      if (r.status === 401 || r.status === 403) {
+        var err = new Error(path + ": HTTP " + r.status);
+        err.auth = true;
+        throw err;
+      }
       if (!r.ok) throw new Error(path + ": HTTP " + r.status);
       return r.json();
     });
@@ -353,9 +381,16 @@
       document.body.setAttribute("data-refreshes", String(state.refreshes));
     }).catch(function (err) {
       var banner = document.getElementById("banner");
-      banner.textContent = "The daemon did not answer (" + err.message + "); showing the last figures.";
+      if (err.auth) {
+        banner.textContent = "This daemon needs a token with the operator scope (" + err.message +
+          "): enter one above (agentpark token create --tenant NAME --scope operator).";
+        document.getElementById("token-form").hidden = false;
+        document.body.setAttribute("data-state", "auth");
+      } else {
+        banner.textContent = "The daemon did not answer (" + err.message + "); showing the last figures.";
+        document.body.setAttribute("data-state", "error");
+      }
       banner.hidden = false;
-      document.body.setAttribute("data-state", "error");
     });
   }
 
@@ -365,6 +400,15 @@
   }
 
   function start() {
+    takeTokenFromHash();
+    var form = document.getElementById("token-form");
+    form.addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      setToken(document.getElementById("token").value.trim());
+      document.getElementById("token").value = "";
+      form.hidden = true;
+      loop();
+    });
     var select = document.getElementById("range");
     var m = /range=(\d+)/.exec(location.hash);
     if (m) select.value = m[1];

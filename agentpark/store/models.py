@@ -19,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "EventRow", "HostSampleRow", "SessionRow"]
+__all__ = ["ApiTokenRow", "Base", "EventRow", "HostSampleRow", "SessionRow"]
 
 
 class Base(DeclarativeBase):
@@ -128,3 +128,24 @@ class HostSampleRow(Base):
     pause_p99_ms: Mapped[float | None] = mapped_column(Float)
     resume_p50_ms: Mapped[float | None] = mapped_column(Float)
     resume_p99_ms: Mapped[float | None] = mapped_column(Float)
+
+
+class ApiTokenRow(Base):
+    """One bearer token (agentpark.auth): its id, tenant and scopes, and only a hash of it.
+
+    The row outlives a revocation (``revoked_at`` set) so ``agentpark token list`` shows it
+    and an import can never bring it back.
+    """
+
+    __tablename__ = "api_tokens"
+
+    # The public part of the token (``apk_<id>_<secret>``): listable, not a secret.
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    # Comma-separated, sorted: e.g. "operator,sessions".
+    scopes: Mapped[str] = mapped_column(String(64))
+    # SHA-256 (hex) of the whole token string.
+    token_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    last_used_at: Mapped[float | None] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float)

@@ -402,6 +402,31 @@ def _js_bytes(n: int) -> str:
     return f"{v:.{digits}f} {units[i]}"
 
 
+@pytest.mark.timeout(1200)  # a fresh machine installs chromium first
+def test_dashboard_in_chromium_asks_for_a_token_and_uses_one_from_the_fragment(
+    chromium: Chromium,
+    make_settings: Callable[..., Settings],
+    daemon_factory: Callable[..., Daemon],
+) -> None:
+    daemon = daemon_factory(make_settings(policy=NO_POLICY, dashboard=_quiet()))
+    token = daemon.token("ops", "operator")  # from now on the data calls need one
+    nodes = list(parse_html(chromium.dump_dom(f"{daemon.url}/dashboard#range=900")).walk())
+    (body,) = [n for n in nodes if n.tag == "body"]
+    assert body.attrs["data-state"] == "auth"
+    banner = next(n for n in nodes if n.attrs.get("id") == "banner")
+    assert "hidden" not in banner.attrs and "operator scope" in banner.all_text()
+    form = next(n for n in nodes if n.attrs.get("id") == "token-form")
+    assert "hidden" not in form.attrs
+    # The token in the fragment: kept in sessionStorage, sent as a header, and gone from
+    # the address (the range stays).
+    page = f"{daemon.url}/dashboard#range=900&token={token}"
+    nodes = list(parse_html(chromium.dump_dom(page)).walk())
+    (body,) = [n for n in nodes if n.tag == "body"]
+    assert body.attrs["data-state"] == "ready"
+    assert {n.all_text() for n in nodes if n.attrs.get("class") == "window"} == {"last 15 min"}
+    assert token not in "".join(n.all_text() for n in nodes)
+
+
 # ---- the page and the JSON, without a browser ---------------------------------------------
 
 
@@ -517,9 +542,11 @@ def test_history_endpoint_windows_and_steps(
 
 def test_parked_lists_the_largest_first_across_tenants(daemon: Daemon) -> None:
     c = daemon.client
+    daemon.admin()  # tokens from here on: the client is tenant default with every scope
+    tokens_of = {tenant: daemon.token(tenant, "sessions") for tenant in ("a", "b")}
     sizes = {}
     for tenant, sid, tokens in (("a", "small", 10), ("b", "large", 90), ("a", "mid", 40)):
-        headers = {"X-Agentpark-Tenant": tenant}
+        headers = {"Authorization": f"Bearer {tokens_of[tenant]}"}
         c.post("/v1/sessions", json={"session_id": sid}, headers=headers)
         c.post(
             f"/v1/sessions/{sid}/generate",

@@ -31,8 +31,21 @@ OPERATION = {
     503: {"not_ready", "storage_unavailable"},
 }
 
+# What every guarded route answers besides its own errors (tests/api/test_auth.py).
+AUTH = {
+    400: {"tenant_header_refused"},
+    401: {"unauthenticated"},
+    403: {"insufficient_scope"},
+}
+OPEN = {
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+    ("GET", "/dashboard"),
+}
+
 # Per route: the error statuses it must document, and the codes each must list.
-REQUIRED_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
+_OWN_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
     ("POST", "/v1/sessions"): {
         **TOO_LARGE,
         409: {"session_exists"},
@@ -78,8 +91,14 @@ REQUIRED_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
     ("POST", "/v1/admin/drain"): {},
     ("POST", "/v1/admin/reload"): BAD_REQUEST,
     ("GET", "/v1/admin/policy"): {},
+    ("GET", "/v1/admin/tokens"): {},
+    ("POST", "/v1/admin/tokens"): {**TOO_LARGE, 422: {"invalid_request"}},
+    ("DELETE", "/v1/admin/tokens/{token_id}"): {404: {"token_not_found"}, 422: {"invalid_request"}},
     ("GET", "/metrics"): BAD_REQUEST,
     ("GET", "/dashboard"): {},
+}
+REQUIRED_ERRORS = {
+    key: errors if key in OPEN else {**errors, **AUTH} for key, errors in _OWN_ERRORS.items()
 }
 
 # Routes whose answer is text, not JSON.
@@ -230,7 +249,13 @@ def test_real_error_answers_validate_as_the_documented_body(daemon: Daemon) -> N
 
 
 @pytest.mark.parametrize(
-    "module", ["agentpark/api/schemas.py", "agentpark/api/schemas_host.py", "agentpark/errors.py"]
+    "module",
+    [
+        "agentpark/api/schemas.py",
+        "agentpark/api/schemas_host.py",
+        "agentpark/api/schemas_auth.py",
+        "agentpark/errors.py",
+    ],
 )
 def test_wire_models_do_not_depend_on_the_store_or_the_core(module: str) -> None:
     tree = ast.parse((Path(__file__).parents[2] / module).read_text(encoding="utf-8"))

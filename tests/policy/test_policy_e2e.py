@@ -162,6 +162,7 @@ def test_reload_applies_a_valid_policy_and_refuses_a_bad_file(
     daemon = start_daemon(settings, config)
     try:
         c = daemon.client
+        daemon.admin()  # reload is an admin route, even on loopback
         text = config.read_text()
         assert "idle_pause_after_s = 0.0\n" in text
         config.write_text(text.replace("idle_pause_after_s = 0.0", "idle_pause_after_s = 42.0"))
