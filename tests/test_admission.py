@@ -22,7 +22,10 @@ SMALL = {"pool": {"num_blocks": 16}, "model": {"max_seq_len": 256}, "policy": {"
 
 
 def _http(app: InProcessApp) -> httpx.Client:
-    return httpx.Client(transport=app.transport, base_url="http://in-process", timeout=120)
+    headers = {"Authorization": f"Bearer {app.token()}"}
+    return httpx.Client(
+        transport=app.transport, base_url="http://in-process", timeout=120, headers=headers
+    )
 
 
 def _create_and_fill(c: httpx.Client, sid: str, tokens: int, new: int = 4) -> None:
