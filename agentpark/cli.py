@@ -1,7 +1,9 @@
-"""Command line: ``agentpark serve | db upgrade | status | drain | bench ...``.
+"""Command line: ``agentpark serve | db upgrade | status | drain | bench ... | make-model |
+vllm serve``.
 
 ``--config FILE`` may come before the subcommand or after it (``agentpark serve --config
 FILE``); ``status`` and ``drain`` talk to the daemon through ``agentpark.client``.
+Everything after a ``--`` goes to vLLM unchanged (``agentpark vllm serve MODEL -- ARGS``).
 """
 
 from __future__ import annotations
@@ -24,10 +26,20 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    # Split at the first "--" here: argparse (3.11) drops or refuses a second one, and
+    # vLLM's own arguments must arrive exactly as given.
+    words = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if "--" in words:
+        at = words.index("--")
+        words, passthrough = words[:at], words[at + 1 :]
+    args = parser.parse_args(words)
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
+    if passthrough and not getattr(args, "passthrough", False):
+        parser.error("arguments after -- are only for `agentpark vllm serve`")
+    args.extra_args = passthrough
     try:
         return int(args.run(args))
     except ConfigError as exc:
@@ -165,6 +177,51 @@ def _parser() -> argparse.ArgumentParser:
         help="PNG of sessions in the pool over time (needs matplotlib: the bench extra)",
     )
     agents.set_defaults(run=_bench_agents)
+
+    make_model = add(
+        sub,
+        "make-model",
+        help="write a small random-weight Llama checkpoint with a tokenizer and chat "
+        "template trained here (no hub), for vLLM (needs agentpark[vllm])",
+    )
+    make_model.add_argument("dir", type=Path, help="directory to write the model into")
+    make_model.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
+    make_model.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")
+    make_model.add_argument(
+        "--heads", type=int, default=2, help="attention heads; hidden/heads >= 32 (default 2)"
+    )
+    make_model.add_argument("--kv-heads", type=int, help="key/value heads (default: heads)")
+    make_model.add_argument("--vocab", type=int, default=2048, help="tokens (default 2048)")
+    make_model.add_argument(
+        "--max-positions", type=int, default=4096, help="longest context (default 4096)"
+    )
+    make_model.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    make_model.add_argument("--force", action="store_true", help="write into a non-empty dir")
+    make_model.set_defaults(run=_make_model)
+
+    vllm = add(sub, "vllm", help="vLLM with agentpark's KV connector (needs agentpark[vllm])")
+    vllm.set_defaults(run=lambda _args: _print_help(vllm))
+    vllm_sub = vllm.add_subparsers(title="vllm commands")
+    vllm_serve = add(
+        vllm_sub,
+        "serve",
+        help="start vLLM's OpenAI server with the connector set for a daemon; "
+        "arguments after -- go to vLLM unchanged",
+        usage="agentpark vllm serve MODEL [--daemon URL] [--token T] [--no-connector] "
+        "[--dry-run] [-- VLLM_ARGS ...]",
+    )
+    vllm_serve.add_argument("model", help="model directory or name, vLLM's --model")
+    vllm_serve.add_argument(
+        "--daemon", help="the agentpark daemon's URL (default: from the config's server section)"
+    )
+    vllm_serve.add_argument("--token", help="bearer token the connector sends to the daemon")
+    vllm_serve.add_argument(
+        "--no-connector", action="store_true", help="plain vLLM, same environment, no connector"
+    )
+    vllm_serve.add_argument(
+        "--dry-run", action="store_true", help="print the environment and command; start nothing"
+    )
+    vllm_serve.set_defaults(run=_vllm_serve, passthrough=True)
     return parser
 
 
@@ -328,6 +385,41 @@ def _bench_agents(args: argparse.Namespace) -> int:
     )
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     return run_agents_bench(spec, policies=policies, plot=args.plot)
+
+
+def _make_model(args: argparse.Namespace) -> int:
+    from agentpark.vllm_tools.model import ModelSpec, make_model
+
+    spec = ModelSpec(
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        vocab=args.vocab,
+        max_positions=args.max_positions,
+        seed=args.seed,
+    )
+    make_model(args.dir, spec, force=args.force)
+    return 0
+
+
+def _vllm_serve(args: argparse.Namespace) -> int:
+    from agentpark.vllm_tools.launch import local_daemon_url, serve
+
+    daemon: str | None = None
+    if not args.no_connector:
+        if args.daemon:
+            daemon = args.daemon
+        else:
+            server = load_settings(args.config).server
+            daemon = local_daemon_url(server.host, server.port)
+    return serve(
+        args.model,
+        daemon_url=daemon,
+        token=args.token,
+        extra_args=args.extra_args,
+        dry_run=args.dry_run,
+    )
 
 
 def _parse_size(text: str) -> int:
