@@ -21,30 +21,38 @@ from agentpark.errors import ConfigError
 if TYPE_CHECKING:
     import uvicorn
 
-__all__ = ["main"]
+__all__ = ["main", "parse_args"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    # Split at the first "--" here: argparse (3.11) drops or refuses a second one, and
-    # vLLM's own arguments must arrive exactly as given.
-    words = list(sys.argv[1:] if argv is None else argv)
-    passthrough: list[str] = []
-    if "--" in words:
-        at = words.index("--")
-        words, passthrough = words[:at], words[at + 1 :]
-    args = parser.parse_args(words)
+    args = parse_args(parser, sys.argv[1:] if argv is None else argv)
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
-    if passthrough and not getattr(args, "passthrough", False):
-        parser.error("arguments after -- are only for `agentpark vllm serve`")
-    args.extra_args = passthrough
     try:
         return int(args.run(args))
     except ConfigError as exc:
         print(f"agentpark: {exc.message}", file=sys.stderr)
         return 2
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv``; what follows the first ``--`` is kept, unparsed, in ``extra_args``.
+
+    Split here, not by argparse: Python 3.11's drops or refuses a second ``--``, and vLLM's
+    own arguments must arrive exactly as given. Only ``vllm serve`` takes them.
+    """
+    words = list(argv)
+    passthrough: list[str] = []
+    if "--" in words:
+        at = words.index("--")
+        words, passthrough = words[:at], words[at + 1 :]
+    args = parser.parse_args(words)
+    if passthrough and not getattr(args, "passthrough", False):
+        parser.error("arguments after -- are only for `agentpark vllm serve`")
+    args.extra_args = passthrough
+    return args
 
 
 CONFIG_HELP = "TOML config file (default: $AGENTPARK_CONFIG, else none)"
