@@ -517,13 +517,18 @@ def test_daemonset_vllm_runs_the_connector_against_the_daemon(default_port: int)
     )
 
 
-def test_daemonset_vllm_shares_shm_and_the_user_with_the_daemon() -> None:
+def test_daemonset_vllm_shares_shm_the_state_dir_and_the_user_with_the_daemon() -> None:
     pod = _pod()
     (daemon_shm,) = [n for n, path in _mounts(_daemon()).items() if path == "/dev/shm"]
     (vllm_shm,) = [n for n, path in _mounts(_vllm()).items() if path == "/dev/shm"]
     assert daemon_shm == vllm_shm, "the host pool must be one file both containers see"
     assert _volumes()[vllm_shm]["emptyDir"]["medium"] == "Memory"
-    # The pool file is 0600: the connector must run as the daemon's user.
+    # The connector reaches the daemon's control socket in its state dir: same volume, same
+    # path (the daemon tells the connector the socket's path).
+    state_dir = {e["name"]: e["value"] for e in _daemon()["env"]}["AGENTPARK_STATE_DIR"]
+    (daemon_state,) = [n for n, path in _mounts(_daemon()).items() if path == state_dir]
+    assert _mounts(_vllm()).get(daemon_state) == state_dir
+    # The pool file and the socket are 0600: the connector must run as the daemon's user.
     user = pod["securityContext"]["runAsUser"]
     for container in (_daemon(), _vllm()):
         assert container.get("securityContext", {}).get("runAsUser", user) == user
