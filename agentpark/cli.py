@@ -185,6 +185,33 @@ def _parser() -> argparse.ArgumentParser:
         help="PNG of sessions in the pool over time (needs matplotlib: the bench extra)",
     )
     agents.set_defaults(run=_bench_agents)
+    bench_vllm = add(
+        bench_sub,
+        "vllm",
+        help="agents on one vLLM with too small a KV cache: plain, with agentpark, and a roomy "
+        "plain reference (needs agentpark[vllm])",
+    )
+    bench_vllm.add_argument("--agents", type=int, default=6, help="concurrent agents (default 6)")
+    bench_vllm.add_argument("--turns", type=int, default=4, help="turns per agent (default 4)")
+    bench_vllm.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    bench_vllm.add_argument(
+        "--time-scale", type=float, default=0.5, help="multiplies every tool pause (default 0.5)"
+    )
+    bench_vllm.add_argument(
+        "--new-tokens", type=int, default=16, help="tokens generated per turn (default 16)"
+    )
+    bench_vllm.add_argument(
+        "--blocks",
+        type=int,
+        help="the small KV cache, in blocks of 128 tokens (default 48: 1.5 contexts of 4096)",
+    )
+    bench_vllm.add_argument(
+        "--model", type=Path, help="a model dir (default: make-model, 8 layers, hidden 512)"
+    )
+    bench_vllm.add_argument(
+        "--runs", default="reference,plain,agentpark", help="comma-separated runs, in order"
+    )
+    bench_vllm.set_defaults(run=_bench_vllm)
 
     make_model = add(
         sub,
@@ -393,6 +420,21 @@ def _bench_agents(args: argparse.Namespace) -> int:
     )
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     return run_agents_bench(spec, policies=policies, plot=args.plot)
+
+
+def _bench_vllm(args: argparse.Namespace) -> int:
+    from agentpark.bench.vllm import VllmBenchSpec, run_vllm_bench
+
+    spec = VllmBenchSpec(
+        agents=args.agents,
+        turns=args.turns,
+        seed=args.seed,
+        time_scale=args.time_scale,
+        new_tokens=args.new_tokens,
+        blocks=args.blocks,
+    )
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    return run_vllm_bench(spec, runs=runs, model=args.model)
 
 
 def _make_model(args: argparse.Namespace) -> int:
