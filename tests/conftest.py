@@ -15,6 +15,7 @@ makes a token (``Daemon.token``); admin routes always need one (``Daemon.admin``
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import threading
@@ -36,6 +37,11 @@ from agentpark.client import AgentparkAPIError, AgentparkClient
 from agentpark.config import Settings, load_settings
 from agentpark.runtime import Runtime
 from agentpark.store.models import SessionRow
+
+# tests/vllm_real run real vLLM servers: only in .venv-vllm, one process, after the main
+# suite (`make test-vllm`, which sets the variable); the main run never collects them.
+VLLM_TESTS_ENV = "AGENTPARK_VLLM_TESTS"
+collect_ignore = [] if os.environ.get(VLLM_TESTS_ENV) == "1" else ["vllm_real"]
 
 # Small and fast: 2-layer model, 64 blocks of 16 tokens, room for 32 parked blocks.
 TINY = {

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 UNIT = DEPLOY / "agentpark.service"
 CONTAINERFILE = DEPLOY / "Containerfile"
+CONTAINERFILE_VLLM = DEPLOY / "Containerfile.vllm"
 DAEMONSET = DEPLOY / "kubernetes" / "daemonset.yaml"
 
 
@@ -65,7 +66,7 @@ def serves(tmp_path: Path) -> Callable[[str], bool]:
 def _cli(argv: list[str]) -> Any:
     """Parse a deployed command line with the real CLI parser (argv[0] is the program)."""
     assert PurePosixPath(argv[0]).name == "agentpark", argv
-    return cli._parser().parse_args(argv[1:])
+    return cli.parse_args(cli._parser(), argv[1:])
 
 
 # --- systemd -------------------------------------------------------------------------------
@@ -199,11 +200,11 @@ def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
 # --- Containerfile -------------------------------------------------------------------------
 
 
-def _instructions() -> list[tuple[str, str]]:
+def _instructions(path: Path = CONTAINERFILE) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
     result: list[tuple[str, str]] = []
     pending = ""
-    for raw in CONTAINERFILE.read_text().splitlines():
+    for raw in path.read_text().splitlines():
         line = raw.strip()
         if not pending and (not line or line.startswith("#")):
             continue
@@ -218,8 +219,8 @@ def _instructions() -> list[tuple[str, str]]:
     return result
 
 
-def _all(instruction: str) -> list[str]:
-    return [rest for word, rest in _instructions() if word == instruction]
+def _all(instruction: str, path: Path = CONTAINERFILE) -> list[str]:
+    return [rest for word, rest in _instructions(path) if word == instruction]
 
 
 def test_containerfile_base_install_and_user() -> None:
@@ -229,9 +230,10 @@ def test_containerfile_base_install_and_user() -> None:
     assert user not in {"root", "0"}
 
 
-def test_containerfile_copies_what_the_build_needs() -> None:
+@pytest.mark.parametrize("path", [CONTAINERFILE, CONTAINERFILE_VLLM], ids=lambda p: p.name)
+def test_containerfile_copies_what_the_build_needs(path: Path) -> None:
     copied = set()
-    for args in _all("COPY"):
+    for args in _all("COPY", path):
         *sources, _dest = args.split()
         assert not any(s.startswith("--") for s in sources), "no --from/--chown expected"
         copied |= set(sources)
@@ -481,7 +483,7 @@ def test_daemonset_probes_are_real_routes(serves: Callable[[str], bool], default
 
 def test_daemonset_service_port(default_port: int) -> None:
     service = _manifests()["Service"]
-    (port,) = service["spec"]["ports"]
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == "http"]
     assert port["port"] == default_port
     container_ports = {p["name"]: p["containerPort"] for p in _daemon()["ports"]}
     assert container_ports.get(port["targetPort"], port["targetPort"]) == default_port
@@ -557,3 +559,78 @@ def test_daemonset_stops_gracefully_and_has_resources() -> None:
     resources = _daemon()["resources"]
     assert resources["requests"]["memory"]
     assert resources["limits"]["memory"]
+
+
+# --- vLLM beside the daemon ----------------------------------------------------------------
+
+
+def _vllm() -> dict[str, Any]:
+    (container,) = [c for c in _pod()["containers"] if c["name"] == "vllm"]
+    return container
+
+
+def _ports(container: dict[str, Any]) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in container["ports"]}
+
+
+def test_daemonset_vllm_runs_the_connector_against_the_daemon(default_port: int) -> None:
+    from agentpark.vllm_tools.launch import vllm_command
+
+    container = _vllm()
+    args = _cli(container["command"] + container.get("args", []))
+    assert args.run is cli._vllm_serve
+    assert not args.no_connector
+    daemon = urlsplit(args.daemon)
+    # Containers of a pod share the network: loopback reaches the daemon's port.
+    assert daemon.hostname == "127.0.0.1"
+    assert daemon.port == _ports(_daemon())["http"] == default_port
+    # vLLM's own flags: on every interface, on the port the container and Service name.
+    extra = args.extra_args
+    assert extra[extra.index("--host") + 1] == "0.0.0.0"
+    vllm_port = int(extra[extra.index("--port") + 1])
+    assert vllm_port == _ports(container)["openai"]
+    (service_port,) = [p for p in _manifests()["Service"]["spec"]["ports"] if p["name"] == "openai"]
+    assert service_port["targetPort"] == "openai"
+    argv = vllm_command(args.model, python="python", daemon_url=args.daemon, extra_args=extra)
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert config["kv_connector_extra_config"]["daemon_url"] == args.daemon
+    # The model directory is on a mounted volume.
+    assert any(
+        PurePosixPath(args.model).is_relative_to(path) for path in _mounts(container).values()
+    )
+
+
+def test_daemonset_vllm_shares_shm_the_state_dir_and_the_user_with_the_daemon() -> None:
+    pod = _pod()
+    (daemon_shm,) = [n for n, path in _mounts(_daemon()).items() if path == "/dev/shm"]
+    (vllm_shm,) = [n for n, path in _mounts(_vllm()).items() if path == "/dev/shm"]
+    assert daemon_shm == vllm_shm, "the host pool must be one file both containers see"
+    assert _volumes()[vllm_shm]["emptyDir"]["medium"] == "Memory"
+    # The connector reaches the daemon's control socket in its state dir: same volume, same
+    # path (the daemon tells the connector the socket's path).
+    state_dir = {e["name"]: e["value"] for e in _daemon()["env"]}["AGENTPARK_STATE_DIR"]
+    (daemon_state,) = [n for n, path in _mounts(_daemon()).items() if path == state_dir]
+    assert _mounts(_vllm()).get(daemon_state) == state_dir
+    # The pool file and the socket are 0600: the connector must run as the daemon's user.
+    user = pod["securityContext"]["runAsUser"]
+    for container in (_daemon(), _vllm()):
+        assert container.get("securityContext", {}).get("runAsUser", user) == user
+
+
+def test_daemonset_vllm_probes_its_health_route() -> None:
+    container = _vllm()
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        probe = container[kind]["httpGet"]
+        assert probe["path"] == "/health"
+        assert probe["port"] == "openai"
+    assert container["resources"]["limits"]["memory"]
+
+
+def test_containerfile_vllm_entrypoint_is_the_launcher() -> None:
+    (entrypoint,) = _all("ENTRYPOINT", CONTAINERFILE_VLLM)
+    argv = json.loads(entrypoint)
+    args = _cli([*argv, "/models/model"])
+    assert args.run is cli._vllm_serve
+    assert _all("USER", CONTAINERFILE_VLLM) == _all("USER"), "the daemon's user: shm is 0600"
+    assert _all("EXPOSE", CONTAINERFILE_VLLM) == ["8000"]
+    assert any(re.search(r"\bpip install \.(\s|$)", run) for run in _all("RUN", CONTAINERFILE_VLLM))

@@ -1,0 +1,160 @@
+"""``agentpark vllm serve``: start vLLM's OpenAI server with agentpark's KV connector.
+
+The command line and environment are built here as plain data (``vllm_command``,
+``vllm_env``) so they are tested without vLLM; ``serve`` then replaces this process with
+vLLM (``os.execve``), so Ctrl-C and SIGTERM reach vLLM itself, which stops its engine
+processes cleanly, and the exit status is vLLM's.
+
+- The server is ``python -m vllm.entrypoints.openai.api_server``: the ``vllm serve`` entry
+  point asks for a distribution named ``vllm`` and fails with the CPU build (``vllm-cpu``).
+- ``VLLM_CPU_NUM_OF_RESERVED_CPU=1``: a server with ``--kv-transfer-config`` reserves one
+  more core for itself than one without, so on a small host the two run different OpenMP
+  thread counts and their logprobs differ in the last bits; pinned, they are comparable.
+- ``PYTHONPATH`` starts with the directory this agentpark is imported from, so vLLM's
+  engine-core and worker processes import the connector from the same code.
+- ``HF_HUB_OFFLINE=1``, ``VLLM_NO_USAGE_STATS=1``, ``DO_NOT_TRACK=1``: nothing is fetched
+  or reported. Each of these is a default: a value already in the environment wins.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import agentpark
+from agentpark.errors import ConfigError
+
+__all__ = [
+    "CONNECTOR_CLASS",
+    "CONNECTOR_MODULE",
+    "ENV_DEFAULTS",
+    "SERVER_MODULE",
+    "kv_transfer_config",
+    "local_daemon_url",
+    "serve",
+    "vllm_command",
+    "vllm_env",
+    "vllm_installed",
+]
+
+CONNECTOR_CLASS = "AgentparkConnector"
+CONNECTOR_MODULE = "agentpark.connectors.vllm"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+INSTALL_HINT = "pip install 'agentpark[vllm]'"
+
+ENV_DEFAULTS: Mapping[str, str] = {
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+# Flags the launcher writes itself when the connector is on; given again they would fight.
+_OWN_FLAGS = ("--kv-transfer-config",)
+
+
+def local_daemon_url(host: str, port: int) -> str:
+    """The URL a process on this host reaches the daemon at (a bind-all address is local)."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def kv_transfer_config(daemon_url: str, token: str | None = None) -> dict[str, Any]:
+    """vLLM's ``--kv-transfer-config`` for agentpark's connector talking to ``daemon_url``."""
+    extra: dict[str, Any] = {"daemon_url": daemon_url}
+    if token:
+        extra["token"] = token
+    return {
+        "kv_connector": CONNECTOR_CLASS,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+
+
+def vllm_command(
+    model: str,
+    *,
+    python: str,
+    daemon_url: str | None,
+    token: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The server's argv: ``daemon_url=None`` starts plain vLLM (no connector).
+
+    ``extra_args`` go to vLLM unchanged, after agentpark's own flags.
+    """
+    argv = [python, "-m", SERVER_MODULE, "--model", model]
+    if daemon_url is not None:
+        clash = [a for a in extra_args if a.split("=", 1)[0] in _OWN_FLAGS]
+        if clash:
+            raise ConfigError(
+                f"{clash[0].split('=', 1)[0]} is set by agentpark vllm serve; pass "
+                "--no-connector to give your own"
+            )
+        config = kv_transfer_config(daemon_url, token)
+        argv += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
+    return [*argv, *extra_args]
+
+
+def _package_root() -> str:
+    """The directory ``import agentpark`` resolved from (an editable checkout or site-packages)."""
+    return str(Path(agentpark.__file__).resolve().parent.parent)
+
+
+def vllm_env(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` plus ENV_DEFAULTS (where unset) and agentpark's root first on PYTHONPATH."""
+    env = dict(base)
+    for name, value in ENV_DEFAULTS.items():
+        env.setdefault(name, value)
+    root = _package_root()
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    env["PYTHONPATH"] = os.pathsep.join([root, *parts])
+    return env
+
+
+def serve(
+    model: str,
+    *,
+    daemon_url: str | None,
+    token: str | None = None,
+    extra_args: Sequence[str] = (),
+    dry_run: bool = False,
+) -> int:
+    """Exec vLLM (never returns) or, with ``dry_run``, print what would run and return 0."""
+    argv = vllm_command(
+        model, python=sys.executable, daemon_url=daemon_url, token=token, extra_args=extra_args
+    )
+    env = vllm_env(os.environ)
+    if dry_run:
+        for name in (*ENV_DEFAULTS, "PYTHONPATH"):
+            print(f"{name}={env[name]}")
+        print(" ".join(_quote(a) for a in argv))
+        return 0
+    if not vllm_installed():
+        raise ConfigError(f"vLLM is not installed in {sys.executable}: {INSTALL_HINT}")
+    where = "without a connector" if daemon_url is None else f"with the daemon at {daemon_url}"
+    print(f"agentpark: starting vLLM {where}: {model}", file=sys.stderr, flush=True)
+    os.execve(sys.executable, argv, env)
+    raise AssertionError("unreachable: execve returned")  # pragma: no cover
+
+
+def vllm_installed() -> bool:
+    """Whether this python can import vLLM (the server runs with this same python)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
