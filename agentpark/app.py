@@ -13,7 +13,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from agentpark import __version__
-from agentpark.api import admin, dashboard, host, metrics, sessions
+from agentpark.api import admin, dashboard, host, metrics, sessions, vllm
 from agentpark.api.handlers import AllowMiddleware, BodyLimitMiddleware, install_error_handlers
 from agentpark.config import Settings
 from agentpark.errors import AgentparkError
@@ -78,7 +78,14 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
-    routers = (sessions.router, host.router, admin.router, metrics.router, dashboard.router)
+    routers = (
+        sessions.router,
+        host.router,
+        admin.router,
+        metrics.router,
+        dashboard.router,
+        vllm.router,
+    )
     for router in routers:
         app.include_router(router)
     # The routes themselves, read from the routers (not app.router.routes, which newer

@@ -11,7 +11,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from agentpark.errors import InvalidRequestError, NotReadyError
+from agentpark.errors import InvalidRequestError, InvalidStateError, NotReadyError
 from agentpark.parking import InProcessDriver, SessionCore
 from agentpark.runtime import Runtime
 
@@ -73,6 +73,11 @@ ReadyParkingDep = Annotated[SessionCore, Depends(get_ready_parking)]
 
 async def get_ready_driver(runtime: ReadyRuntimeDep) -> InProcessDriver:
     """The engine driver (generate), for routes that run the engine: 503 until warm."""
+    if runtime.driver is None:
+        raise InvalidStateError(
+            "this daemon serves vLLM: generate through vLLM's OpenAI API with "
+            "kv_transfer_params.agentpark.session_id"
+        )
     return runtime.driver
 
 
