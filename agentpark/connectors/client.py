@@ -103,16 +103,29 @@ class ControlClient:
         if time.monotonic() < self._retry_at:
             self.degraded("daemon_unreachable", "the agentpark daemon is not answering")
             return None
-        sock = self._sock
+        reused = self._sock is not None
+        sock = self._sock or self._connect()
         if sock is None:
-            sock = self._connect()
-            if sock is None:
-                return None
-            if wait_s is not None:
-                sock.settimeout(wait_s)
+            return None
+        if wait_s is not None:
+            sock.settimeout(wait_s)
+        frame = encode_frame({"op": op, **fields}, blob)
         try:
-            sock.sendall(encode_frame({"op": op, **fields}, blob))
-            answer, _ = read_frame(sock)
+            try:
+                sock.sendall(frame)
+                answer, _ = read_frame(sock)
+            except (OSError, ProtocolError) as exc:
+                if not reused or isinstance(exc, TimeoutError):
+                    raise
+                # The daemon restarted since this connection was made: one fresh try.
+                self._drop()
+                sock = self._connect()
+                if sock is None:
+                    return None
+                if wait_s is not None:
+                    sock.settimeout(wait_s)
+                sock.sendall(frame)
+                answer, _ = read_frame(sock)
         except TimeoutError:
             self._drop()  # a late answer would pair with the next request
             waited = self.timeout_s if wait_s is None else wait_s

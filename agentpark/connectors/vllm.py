@@ -274,6 +274,8 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
         if parsed is None:
             return False, None
         if isinstance(parsed, str):
+            # The client's own mistake: said for every request (the counter once per cause).
+            log.info("agentpark: request %s not parked: %s", request.request_id, parsed)
             self.client.degraded("bad_params", f"request {request.request_id}: {parsed}")
             return False, self._answer("refused", parsed, None)
         if self._disabled is not None:
