@@ -52,6 +52,7 @@ from agentpark.parking.mover import ArrayPool, Mover
 from agentpark.parking.recovery import recover
 from agentpark.parking.registry import LiveSession
 from agentpark.snapshot import PoolFigures
+from agentpark.store.models import EventRow
 from agentpark.store.repository import SessionStore
 from agentpark.tiers.base import HostTier
 
@@ -85,6 +86,7 @@ class StorePlan:
     tool: str | None
     expected_s: float | None
     why: str
+    pending: list[EventRow] = field(default_factory=list)  # the turn's, committed with the park
     started: float = field(default_factory=time.perf_counter)
     created: float = field(default_factory=time.monotonic)
 
@@ -258,18 +260,21 @@ class ExternalDriver:
             core.create(tenant, session_id, {"engine": "external"})
         live = core.live(tenant, session_id)
         core.registry.acquire(live, "pause")
+        pending: list[EventRow] = []
         try:
-            self._record_turn(live, tokens, block_ids)
+            pending = self._record_turn(live, tokens, block_ids, commit=False)
             order = PauseOrder(tier=tier, tool=tool, expected_resume_s=expected_resume_s)
             advice = core._advise(live.row, order)
             if not advice.park or not live.block_table:
                 why = advice.why if live.block_table else "no whole block to park"
-                core.keep_locked(live, tool, advice.expected_s, why)
+                self._keep(live, tool, advice.expected_s, why, pending)
                 core.registry.release(live)
                 return PauseResult(live.row, Decision.KEPT, why, advice.expected_s, 0.0)
             dst, slots = core.mover.reserve(live.key, candidates, len(live.block_table))
             live.row.state = State.PAUSING
         except BaseException:
+            if pending:
+                core.events.commit(live.row, *pending)
             core.registry.release(live)
             raise
         plan = StorePlan(
@@ -281,10 +286,36 @@ class ExternalDriver:
             tool,
             advice.expected_s,
             advice.why,
+            pending,
         )
         with self._plans_lock:
             self._stores[plan.store_id] = plan
         return plan
+
+    def _keep(
+        self,
+        live: LiveSession,
+        tool: str | None,
+        expected_s: float | None,
+        why: str,
+        prior: Sequence[EventRow],
+    ) -> None:
+        """The core's keep (KV stays in the engine), committed with the turn's events."""
+        row = live.row
+        now = time.time()
+        event = self.core.events.event(
+            row,
+            EventKind.KEEP,
+            now,
+            from_state=State.ACTIVE,
+            to_state=State.ACTIVE,
+            reason=Reason.BREAK_EVEN,
+            nbytes=row.kv_bytes,
+            detail=why,
+        )
+        row.paused_at, row.tool = now, tool
+        row.expected_resume_at = None if expected_s is None else now + expected_s
+        self.core.events.commit(row, *prior, event)
 
     def complete_store(
         self, store_id: int, ok: bool, checksum: str | None, detail: str | None = None
@@ -309,6 +340,8 @@ class ExternalDriver:
             if not ok:
                 plan.tier.free(live.key)
                 row.state = State.ACTIVE
+                if plan.pending:
+                    core.events.commit(row, *plan.pending)
                 failure = TransferError(detail or "the engine's copy failed", operation="pause")
                 core.events.failure(
                     row, EventKind.PAUSE_FAILED, failure, at=time.time(), to_tier=plan.tier.name
@@ -327,6 +360,7 @@ class ExternalDriver:
                 plan.tool,
                 plan.expected_s,
                 Reason.EXPLICIT,
+                prior=plan.pending,
             )
             ms = (time.perf_counter() - plan.started) * 1e3
             return PauseResult(row, Decision.PARKED, plan.why, plan.expected_s, ms)
@@ -485,8 +519,7 @@ class ExternalDriver:
         if kind == EventKind.RESUME:
             core.mover.measured(nbytes, elapsed_ms)
         core.sync_kv(live)
-        core.events.commit(row, event)
-        core.observe_tool_return(live)
+        core.events.commit(row, event, *self._tool_return(live, now))
 
     # ---- a new engine layout --------------------------------------------------------------
 
@@ -547,10 +580,20 @@ class ExternalDriver:
         return common // self.geometry.block_size * self.geometry.block_size
 
     def _record_turn(
-        self, live: LiveSession, tokens: Sequence[int], block_ids: Sequence[int]
-    ) -> None:
+        self,
+        live: LiveSession,
+        tokens: Sequence[int],
+        block_ids: Sequence[int],
+        commit: bool = True,
+    ) -> list[EventRow]:
+        """The engine computed a turn: the session holds its tokens in these blocks.
+
+        ``commit=False``: the events are returned for the caller to commit with the
+        turn's outcome (one SQLite write per turn end instead of two or three).
+        """
         core, row = self.core, live.row
-        if row.state == State.PARKED:
+        stale = row.state == State.PARKED
+        if stale:
             core.free_slots(live)  # the engine computed this turn anyway: the copy is stale
             row.tier, row.parked_handle, row.checksum, row.tier_since = None, None, None, None
         elif row.state not in (State.ACTIVE, State.LOST):
@@ -561,18 +604,39 @@ class ExternalDriver:
         live.block_table = list(block_ids)
         live.next_logits = None
         row.state, row.lost_reason, row.last_active_at = State.ACTIVE, None, now
-        core.observe_tool_return(live)
+        events = self._tool_return(live, now)
         core.sync_kv(live)
-        event = core.events.event(
-            row,
-            EventKind.TURN,
-            now,
-            from_state=from_state,
-            to_state=State.ACTIVE,
-            nbytes=row.kv_bytes,
-            detail=f"tokens={len(tokens)} blocks={len(block_ids)}",
+        events.append(
+            core.events.event(
+                row,
+                EventKind.TURN,
+                now,
+                from_state=from_state,
+                to_state=State.ACTIVE,
+                nbytes=row.kv_bytes,
+                detail=f"tokens={len(tokens)} blocks={len(block_ids)}",
+            )
         )
-        core.events.commit(row, event)
+        if commit or stale:  # a freed copy's slots must not stay claimed in SQLite
+            core.events.commit(row, *events)
+            return []
+        return events
+
+    def _tool_return(self, live: LiveSession, now: float) -> list[EventRow]:
+        """The tool_return event (as the core's observe_tool_return), uncommitted."""
+        row = live.row
+        if row.tool is None or row.paused_at is None:
+            return []
+        event = self.core.events.event(
+            row,
+            EventKind.TOOL_RETURN,
+            now,
+            to_state=row.state,
+            detail=row.tool,
+            duration_ms=(now - row.paused_at) * 1e3,
+        )
+        row.tool, row.expected_resume_at = None, None
+        return [event]
 
 
 def external_core(
