@@ -42,11 +42,13 @@ class ControlClient:
         timeout_s: float = 0.05,
         socket_path: str | None = None,
         who: str = "connector",
+        logger: logging.Logger | None = None,
     ) -> None:
         self.daemon_url = daemon_url.rstrip("/") if daemon_url else None
         self.token = token
         self.timeout_s = timeout_s
         self.who = who
+        self.log = logger or log
         self._path = socket_path
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
@@ -63,7 +65,7 @@ class ControlClient:
         self._unsent[cause] += 1
         if cause not in self._logged:
             self._logged.add(cause)
-            log.warning(
+            self.log.warning(
                 "agentpark %s: %s (%s); vLLM goes on without agentpark for such requests "
                 "(counted in agentpark_vllm_degraded_total; logged once per cause)",
                 self.who,
@@ -71,7 +73,7 @@ class ControlClient:
                 cause,
             )
         else:
-            log.debug("agentpark %s: %s (%s)", self.who, why, cause)
+            self.log.debug("agentpark %s: %s (%s)", self.who, why, cause)
 
     # ---- calls ----------------------------------------------------------------------------
 
@@ -172,7 +174,7 @@ class ControlClient:
             self.degraded("daemon_unreachable", f"GET {self.daemon_url}/v1/vllm failed: {exc}")
             return None
         self._path = path
-        log.info("agentpark %s: daemon %s, control socket %s", self.who, self.daemon_url, path)
+        self.log.info("agentpark %s: daemon %s, control socket %s", self.who, self.daemon_url, path)
         return path
 
     def _drop(self) -> None:

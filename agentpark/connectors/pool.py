@@ -29,7 +29,7 @@ from agentpark.tiers.filetier import read_header
 
 __all__ = ["MappedPool", "layout_geometry"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm.agentpark")
 
 
 def layout_geometry(layout: Layout) -> PoolGeometry:

@@ -74,7 +74,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AgentparkConnector", "AgentparkMetadata"]
 
-log = logging.getLogger(__name__)
+# A child of vLLM's logger: its handler, format and level (INFO) apply in vLLM's processes.
+log = logging.getLogger("vllm.agentpark")
 
 
 @dataclass
@@ -149,6 +150,7 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
             timeout_s=float(timeout_ms) / 1e3 if isinstance(timeout_ms, int | float) else 0.05,
             socket_path=extra.get("control_socket"),
             who=who,
+            logger=log,
         )
         self._disabled: str | None = self._unsupported(vllm_config)
         if self._disabled is not None:
