@@ -6,8 +6,9 @@ Configure vLLM with::
       "kv_connector_module_path": "agentpark.connectors.vllm", "kv_role": "kv_both",
       "kv_connector_extra_config": {"daemon_url": "http://127.0.0.1:8470"}}'
 
-(optional extra keys: ``token``, ``timeout_ms`` (default 50), ``tenant`` (default
-"default")). A request takes part when its body has ``kv_transfer_params: {"agentpark":
+(optional extra keys: ``token``, ``timeout_ms`` (default 50, or
+``$AGENTPARK_CONNECTOR_TIMEOUT_MS``; the worker's calls wait 20 times that), ``tenant``
+(default "default")). A request takes part when its body has ``kv_transfer_params: {"agentpark":
 {"session_id": ..., "tool": ..., "expected_resume_s": ...}}``; the response's
 ``kv_transfer_params.agentpark`` says ``decision``, ``why``, ``restored_tokens`` and
 ``restored_from``.
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -72,7 +74,10 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-__all__ = ["AgentparkConnector", "AgentparkMetadata"]
+__all__ = ["TIMEOUT_ENV", "AgentparkConnector", "AgentparkMetadata"]
+
+TIMEOUT_ENV = "AGENTPARK_CONNECTOR_TIMEOUT_MS"
+"""The control calls' bound when kv_connector_extra_config has no ``timeout_ms``."""
 
 # A child of vLLM's logger: its handler, format and level (INFO) apply in vLLM's processes.
 log = logging.getLogger("vllm.agentpark")
@@ -139,7 +144,11 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         cfg = self._kv_transfer_config
         extra = cfg.kv_connector_extra_config or {}
-        timeout_ms = extra.get("timeout_ms", 50)
+        timeout_ms = extra.get("timeout_ms", os.environ.get(TIMEOUT_ENV, 50))
+        try:
+            timeout_ms = float(timeout_ms)
+        except (TypeError, ValueError):
+            timeout_ms = 50.0
         self.tenant = str(extra.get("tenant", "default"))
         self.block_size = vllm_config.cache_config.block_size
         self._kv_cache_config = kv_cache_config
@@ -147,7 +156,8 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
         self.client = ControlClient(
             extra.get("daemon_url"),
             token=extra.get("token"),
-            timeout_s=float(timeout_ms) / 1e3 if isinstance(timeout_ms, int | float) else 0.05,
+            # The worker's calls are not on the scheduler's path: it may wait longer.
+            timeout_s=timeout_ms / 1e3 * (1 if role == KVConnectorRole.SCHEDULER else 20),
             socket_path=extra.get("control_socket"),
             who=who,
             logger=log,

@@ -22,11 +22,13 @@ from typing import Any
 from agentpark.connectors.protocol import ProtocolError, encode_frame, read_frame
 from agentpark.errors import ConfigError
 
-__all__ = ["ControlServer", "Handler", "default_socket_path"]
+__all__ = ["ControlServer", "Handler", "Undelivered", "default_socket_path"]
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]]
+Undelivered = Callable[[dict[str, Any], dict[str, Any]], None]
+"""(request, answer) whose answer could not be sent: the connector gave up waiting."""
 _MAX_SUN_PATH = 100  # sockaddr_un holds 108 bytes on Linux; keep a margin
 
 
@@ -44,9 +46,12 @@ def default_socket_path(state_dir: Path) -> Path:
 class ControlServer:
     """Serves ``handler`` on a unix socket at ``path`` until :meth:`stop`."""
 
-    def __init__(self, path: Path, handler: Handler) -> None:
+    def __init__(
+        self, path: Path, handler: Handler, undelivered: Undelivered | None = None
+    ) -> None:
         self.path = Path(path)
         self.handler = handler
+        self.undelivered = undelivered
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._conns: set[socket.socket] = set()
@@ -118,7 +123,14 @@ class ControlServer:
                 except Exception as exc:  # the handler's own bug: answer, keep serving
                     log.exception("control: %s failed", message.get("op"))
                     answer, out = {"ok": False, "error": str(exc)[:500], "cause": "internal"}, b""
-                conn.sendall(encode_frame(answer, out))
+                try:
+                    conn.sendall(encode_frame(answer, out))
+                except OSError:
+                    # The connector timed out and closed: it never learns of what was just
+                    # reserved for it, so that is undone now (not after plan_timeout_s).
+                    if self.undelivered is not None:
+                        self.undelivered(message, answer)
+                    return
         except OSError:
             return
         finally:

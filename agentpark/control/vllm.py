@@ -93,7 +93,7 @@ class VllmService:
             store, geometry, model_uid, tiers, options=options
         )
         self.driver.engine_blocks = 0
-        self.server = ControlServer(self.socket_path, self.handle)
+        self.server = ControlServer(self.socket_path, self.handle, self.undelivered)
         self._stop = threading.Event()
         self._reaper = threading.Thread(
             target=self._reap, name="agentpark-vllm-reaper", daemon=True
@@ -217,6 +217,19 @@ class VllmService:
             return {"ok": False, "error": exc.message, "cause": exc.code}, b""
         except (ProtocolError, KeyError, TypeError, ValueError) as exc:
             return {"ok": False, "error": f"bad request: {exc}"[:500], "cause": "bad_request"}, b""
+
+    def undelivered(self, message: dict[str, Any], answer: dict[str, Any]) -> None:
+        """A park or load the connector never heard of: undo it at once."""
+        op = message.get("op")
+        if op == "prepare_store" and "store_id" in answer:
+            self.driver.complete_store(
+                int(answer["store_id"]), False, None, "the connector gave up waiting"
+            )
+        elif op == "begin_load" and "load_id" in answer:
+            self.driver.load_done(int(answer["load_id"]), False, "the connector gave up waiting")
+        else:
+            return
+        self.count_degraded("timeout")
 
     def _hello(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
         return {"protocol": PROTOCOL, "version": __version__}

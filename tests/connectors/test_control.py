@@ -388,3 +388,39 @@ def test_a_call_after_a_daemon_restart_reconnects_at_once(daemon: Daemon) -> Non
     assert client.call("hello") is not None  # the stale connection is replaced, not degraded
     assert not client.counts
     client.close()
+
+
+def test_a_park_whose_answer_the_connector_gave_up_on_is_undone_at_once(
+    daemon: Daemon,
+) -> None:
+    import threading
+
+    from tests.conftest import wait_until
+
+    _register(daemon)
+    release = threading.Event()
+    handle = daemon.service.server.handler
+
+    def slow(message: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        answer = handle(message, blob)
+        if message.get("op") == "prepare_store":
+            release.wait(10)  # answered only after the connector has stopped waiting
+        return answer
+
+    daemon.service.server.handler = slow
+    impatient = ControlClient(None, socket_path=str(daemon.service.socket_path), timeout_s=0.05)
+    answer = impatient.call(
+        "prepare_store",
+        encode_tokens(list(range(BLOCK))),
+        tenant=TENANT,
+        session_id="late",
+        block_ids=[3],
+        expected_resume_s=60.0,
+    )
+    assert answer is None and impatient.counts["timeout"] == 1
+    release.set()
+    core = daemon.service.driver.core
+    wait_until(lambda: core.get(TENANT, "late").state == State.ACTIVE, timeout=10)
+    assert daemon.service.driver.pending() == (0, 0)
+    assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
+    impatient.close()
