@@ -82,7 +82,7 @@ def test_three_turns_with_tools_restore_exactly_what_a_roomy_prefix_cache_kept(
     assert _restored(ours[1]) > 0 and _restored(ours[2]) > _restored(ours[1])
     assert ours[1].agentpark and ours[1].agentpark["restored_from"] == "shm"
     _same(ours, reference)
-    session = daemon.get(f"/v1/sessions/exact-1")
+    session = daemon.get("/v1/sessions/exact-1")
     assert session["state"] == "parked" and session["tier"] == "shm"
     assert daemon.events("exact-1").count("resume") == 2
     host = daemon.get("/v1/host")
