@@ -79,6 +79,7 @@ REQUIRED_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
     ("GET", "/v1/admin/policy"): {},
     ("GET", "/metrics"): BAD_REQUEST,
     ("GET", "/dashboard"): {},
+    ("GET", "/v1/vllm"): {409: {"invalid_state"}},
 }
 
 # Routes whose answer is text, not JSON.
