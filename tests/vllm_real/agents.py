@@ -110,7 +110,9 @@ class AgentDaemon:
     def get(self, path: str, **params: Any) -> Any:
         response = self.http.get(f"{self.url}{path}", params=params)
         response.raise_for_status()
-        return response.json() if "json" in response.headers.get("content-type", "") else response.text
+        return (
+            response.json() if "json" in response.headers.get("content-type", "") else response.text
+        )
 
     def events(self, session_id: str) -> list[str]:
         page = self.get("/v1/events", session_id=session_id, limit=200)
@@ -122,7 +124,9 @@ class AgentDaemon:
         total = 0.0
         for family in text_string_to_metric_families(self.get("/metrics")):
             for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
                     total += sample.value
         return total
 
