@@ -14,7 +14,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from agentpark import __version__
-from agentpark.api import admin, dashboard, host, metrics, sessions, tokens
+from agentpark.api import admin, dashboard, host, metrics, sessions, tokens, vllm
 from agentpark.api.handlers import AllowMiddleware, BodyLimitMiddleware, install_error_handlers
 from agentpark.auth import Gate, TokenStore, is_loopback
 from agentpark.config import Settings
@@ -132,6 +132,7 @@ def create_app(
         tokens.router,
         metrics.router,
         dashboard.router,
+        vllm.router,
     )
     for router in routers:
         app.include_router(router)

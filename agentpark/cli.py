@@ -176,6 +176,16 @@ def _parser() -> argparse.ArgumentParser:
     control.add_argument("--samples", type=int, default=500, help="timed calls per operation")
     control.add_argument("--seed", type=int, default=0, help="which sessions are sampled")
     control.set_defaults(run=_bench_control)
+    connector = add(
+        bench_sub,
+        "connector-control",
+        help="the vLLM connector's control calls (match, park, restore) p50/p99 over the "
+        "daemon's unix socket, with many parked sessions",
+    )
+    connector.add_argument("--sessions", type=int, default=1000, help="parked sessions")
+    connector.add_argument("--samples", type=int, default=2000, help="timed calls per operation")
+    connector.add_argument("--tokens", type=int, default=2048, help="tokens per session")
+    connector.set_defaults(run=_bench_connector)
     agents = add(
         bench_sub,
         "agents",
@@ -620,6 +630,12 @@ def _bench_control(args: argparse.Namespace) -> int:
     from agentpark.bench.control import run_control_bench
 
     return run_control_bench(args.sessions, samples=args.samples, seed=args.seed)
+
+
+def _bench_connector(args: argparse.Namespace) -> int:
+    from agentpark.bench.connector import run_connector_bench
+
+    return run_connector_bench(args.sessions, samples=args.samples, tokens=args.tokens)
 
 
 def _bench_agents(args: argparse.Namespace) -> int:

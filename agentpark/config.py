@@ -181,6 +181,26 @@ class DmaSettings(_Section):
     )
 
 
+class VllmSettings(_Section):
+    """Serve vLLM's agentpark connector instead of running the reference engine.
+
+    The daemon then owns the host pool (a /dev/shm file sized ``pool_capacity``, laid out
+    as the engine registers) and answers the connector on a unix socket.
+    """
+
+    enabled: bool = Field(False, description="serve vLLM connectors (no reference engine)")
+    pool_capacity: ByteSize = Field(
+        ByteSize(1 << 30), ge=1 << 20, le=2**50, description="host pool (shm file) size"
+    )
+    pool_path: Path | None = Field(
+        None, description="default /dev/shm/agentpark-<host>-<hash of the state_dir>-vllm"
+    )
+    control_socket: Path | None = Field(None, description="default <state_dir>/control.sock (0600)")
+    plan_timeout_s: float = Field(
+        60.0, ge=1.0, le=3600.0, description="fail a copy the engine never reported after this"
+    )
+
+
 class LimitSettings(_Section):
     max_new_tokens: int = Field(512, ge=1, le=1_048_576)
     max_body_bytes: int = Field(
@@ -299,6 +319,7 @@ class Settings(BaseSettings):
     reliability: ReliabilitySettings = ReliabilitySettings()
     policy: PolicySettings = PolicySettings()
     dashboard: DashboardSettings = DashboardSettings()
+    vllm: VllmSettings = VllmSettings()
 
     @property
     def database_url(self) -> str:

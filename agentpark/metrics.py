@@ -47,6 +47,7 @@ agentpark_transfer_seconds_total                            counter    direction
 agentpark_transfer_bandwidth_bytes_per_second               histogram  direction, tier
 agentpark_pause_duration_seconds                            histogram  tier
 agentpark_resume_duration_seconds                           histogram  source
+agentpark_vllm_degraded_total                               counter    cause
 =========================================================  =========  =======================
 
 plus the ``process_*`` series of this process. ``direction`` is ``park`` (pool to a tier;
@@ -129,6 +130,7 @@ METRIC_NAMES = (
     "agentpark_transfer_bandwidth_bytes_per_second",
     "agentpark_pause_duration_seconds",
     "agentpark_resume_duration_seconds",
+    "agentpark_vllm_degraded_total",
 )
 
 
@@ -229,6 +231,14 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )
+        self.degraded = Counter(
+            "agentpark_vllm_degraded",
+            "Requests a vLLM connector served as without agentpark (vLLM recomputed), by "
+            "cause: daemon_unreachable, timeout, bad_params, pool_full, session_busy, "
+            "load_checksum, ...",
+            (*h, "cause"),
+            registry=reg,
+        )
         # Sessions whose parked copy failed its checksum and whose recompute is not yet
         # counted: that recompute is a fallback for reason "checksum", not the resume's.
         self._corrupt: set[tuple[str, str]] = set()
@@ -256,6 +266,11 @@ class Metrics:
                 self.bandwidth.labels(host, direction, tier)
         self.resumes.labels(host, "recompute", "explicit")
         self.resume_seconds.labels(host, "recompute")
+        self.degraded.labels(host, "daemon_unreachable")
+
+    def count_degraded(self, cause: str, n: int = 1) -> None:
+        """A vLLM connector's request served without agentpark (see VllmService)."""
+        self.degraded.labels(self.host, _label(cause, "unknown")).inc(n)
 
     # ---- events -------------------------------------------------------------------------
 

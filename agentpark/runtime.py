@@ -7,9 +7,11 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agentpark.blocks import PoolGeometry
 from agentpark.config import PolicySettings, Settings, load_settings
+from agentpark.control.vllm import VllmService
 from agentpark.dma import TpuSyncShm, TpuSyncTransfer, Transfer, select_transfer
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.enums import Tier
@@ -39,8 +41,8 @@ log = logging.getLogger(__name__)
 class Runtime:
     settings: Settings
     store: SessionStore
-    engine: ReferenceEngine
-    driver: InProcessDriver
+    engine: ReferenceEngine | None  # None: the daemon serves vLLM (``vllm``)
+    driver: InProcessDriver | None
     metrics: Metrics
     sampler: HostSampler
     policy: PolicyService
@@ -50,6 +52,7 @@ class Runtime:
     checkpointer: WalCheckpointer | None = None  # keeps WAL checkpoints off the request path
     state_lock: StateLock | None = None  # this daemon's hold on state_dir, dropped at shutdown
     probe: StorageProbe | None = None  # while writes fail, tries one now and then
+    vllm: VllmService | None = None  # [vllm] enabled: the external core and control socket
 
     @classmethod
     def start(
@@ -79,6 +82,17 @@ class Runtime:
         upgrade(settings.database_url)
         db_engine, db_sessions = open_database(settings.database_url)
         store = SessionStore(db_engine, db_sessions)
+        checksums = settings.integrity.checksum != "none"
+        options = CoreOptions(
+            checksum_tiers=frozenset(settings.integrity.tiers) if checksums else frozenset(),
+            background_yield_s=settings.limits.background_yield_s,
+            admission_timeout_s=settings.limits.admission_timeout_s,
+        )
+        if settings.vllm.enabled:
+            vllm = VllmService(settings, store, options)
+            return cls._assemble(
+                settings, config_path, store, db_engine, db_sessions, vllm.driver.core, vllm
+            )
         engine = ReferenceEngine(
             ModelSpec(**settings.model.model_dump()), PoolSpec(**settings.pool.model_dump())
         )
@@ -103,12 +117,6 @@ class Runtime:
                     tier.close()
                 store.close()
                 raise
-        checksums = settings.integrity.checksum != "none"
-        options = CoreOptions(
-            checksum_tiers=frozenset(settings.integrity.tiers) if checksums else frozenset(),
-            background_yield_s=settings.limits.background_yield_s,
-            admission_timeout_s=settings.limits.admission_timeout_s,
-        )
         driver = in_process_core(
             store,
             engine,
@@ -125,8 +133,25 @@ class Runtime:
             ", ".join(f"{t.name}={t.capacity_blocks} blocks" for t in tiers) or "none",
             transfer.name,
         )
+        runtime = cls._assemble(
+            settings, config_path, store, db_engine, db_sessions, driver.core, None
+        )
+        runtime.engine, runtime.driver = engine, driver
+        return runtime
+
+    @classmethod
+    def _assemble(
+        cls,
+        settings: Settings,
+        config_path: Path | None,
+        store: SessionStore,
+        db_engine: Any,
+        db_sessions: Any,
+        core: SessionCore,
+        vllm: VllmService | None,
+    ) -> Runtime:
+        """Metrics, history, policy and the WAL checkpointer around one session core."""
         ready = threading.Event()
-        core = driver.core
         listen = f"{settings.server.host}:{settings.server.port}"
 
         def snapshot() -> HostSnapshot:
@@ -137,18 +162,25 @@ class Runtime:
         sampler = HostSampler(snapshot, SampleStore(db_engine, db_sessions), settings.dashboard)
         policy = PolicyService(core, store, settings.policy)
         runtime = cls(
-            settings, store, engine, driver, metrics, sampler, policy, ready, False, config_path
+            settings, store, None, None, metrics, sampler, policy, ready, False, config_path
         )
         runtime.checkpointer = WalCheckpointer(db_engine)
         runtime.checkpointer.start()
         interval = settings.reliability.storage_probe_s
         runtime.probe = StorageProbe(store.health, store.probe, interval)
         runtime.probe.start()
+        if vllm is not None:
+            vllm.add_degraded_sink(metrics.count_degraded)
+            runtime.vllm = vllm
+            vllm.start()
         return runtime
 
     @property
     def parking(self) -> SessionCore:
         """The session core (the state machine every route and the policy drive)."""
+        if self.vllm is not None:
+            return self.vllm.driver.core
+        assert self.driver is not None
         return self.driver.core
 
     def host_snapshot(self) -> HostSnapshot:
@@ -160,6 +192,12 @@ class Runtime:
 
     def warm_up(self) -> None:
         """Compile the engine's and the restore path's shapes, then report ready (/readyz)."""
+        if self.engine is None or self.driver is None:
+            # vLLM mode: the engine is vLLM's; the background loop (idle, pressure, demotion,
+            # prefetch) acts on blocks the daemon cannot reach, so only the advisor runs.
+            self.ready.set()
+            log.info("serving vLLM connectors on %s; ready", self.vllm and self.vllm.socket_path)
+            return
         try:
             self.engine.warmup()
             warmup = getattr(self.driver.transfer, "warmup", None)
@@ -196,6 +234,8 @@ class Runtime:
         """
         try:
             self.policy.stop()
+            if self.vllm is not None:
+                self.vllm.stop()
             self.parking.close()
             if self.settings.shutdown.drain and not self.drained:
                 self.drain()
@@ -212,6 +252,11 @@ class Runtime:
 
     def drain(self) -> dict[str, int]:
         """Park every session into shm/disk within the configured deadline (idempotent)."""
+        if self.vllm is not None:
+            # Parked copies are in the shm pool already; the rest is vLLM's, not ours to move.
+            self.parking.draining = True
+            self.drained = True
+            return {"parked": 0, "moved": 0, "already_safe": len(self.parking.registry), "lost": 0}
         summary = drain(self.parking, self.settings.shutdown.deadline_s)
         self.drained = True
         return summary

@@ -212,6 +212,11 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         "policy.tool_quantile": "0.9",
         "policy.tool_window": "8",
         "policy.tools": '{"web_search": {"expected_pause_s": 8}}',
+        "vllm.enabled": "true",
+        "vllm.pool_capacity": "64MiB",
+        "vllm.pool_path": "/dev/shm/agentpark-vllm-elsewhere",
+        "vllm.control_socket": "/srv/agentpark/control.sock",
+        "vllm.plan_timeout_s": "30",
     }
     assert changed.keys() == LEAVES.keys(), "a new key needs a line here"
     defaults = load_settings(EXAMPLE).model_dump()

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from agentpark.auth import Gate, Identity, Scope
 from agentpark.errors import (
+    InvalidStateError,
     MissingScopeError,
     NotReadyError,
     TenantHeaderError,
@@ -145,6 +146,11 @@ ReadyParkingDep = Annotated[SessionCore, Depends(get_ready_parking)]
 
 async def get_ready_driver(runtime: ReadyRuntimeDep) -> InProcessDriver:
     """The engine driver (generate), for routes that run the engine: 503 until warm."""
+    if runtime.driver is None:
+        raise InvalidStateError(
+            "this daemon serves vLLM: generate through vLLM's OpenAI API with "
+            "kv_transfer_params.agentpark.session_id"
+        )
     return runtime.driver
 
 

@@ -21,7 +21,7 @@ from agentpark.parking.types import (
     PauseResult,
     as_transfer_error,
 )
-from agentpark.store.models import SessionRow
+from agentpark.store.models import EventRow, SessionRow
 from agentpark.tiers.base import HostTier
 
 __all__ = ["Pausing"]
@@ -137,8 +137,13 @@ class Pausing(CoreBase):
         tool: str | None,
         expected_resume_s: float | None,
         reason: str,
+        prior: Sequence[EventRow] = (),
     ) -> None:
-        """The copy is in ``slots`` of ``dst`` and the pool's blocks are gone: say PARKED."""
+        """The copy is in ``slots`` of ``dst`` and the pool's blocks are gone: say PARKED.
+
+        ``prior``: events not yet committed that go first in the same write (an external
+        engine's turn end).
+        """
         row = live.row
         live.slots = slots
         now = time.time()
@@ -167,7 +172,7 @@ class Pausing(CoreBase):
         row.parked_handle = {"slots": slots}
         row.checksum = digest
         row.kv_blocks, row.kv_bytes = num_blocks, nbytes
-        self.events.commit(row, event)
+        self.events.commit(row, *prior, event)
 
     def keep_locked(
         self, live: LiveSession, tool: str | None, expected_resume_s: float | None, why: str

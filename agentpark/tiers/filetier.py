@@ -296,6 +296,11 @@ class FileTier(SlotTier):
 
     # ---- bytes ------------------------------------------------------------------------
 
+    @property
+    def region_offsets(self) -> tuple[int, ...]:
+        """Byte offset of each pool array's region (another process maps the file too)."""
+        return tuple(self._offsets)
+
     def buffers(self) -> list[np.ndarray]:
         return self._buffers
 

@@ -96,6 +96,7 @@ _OWN_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
     ("DELETE", "/v1/admin/tokens/{token_id}"): {404: {"token_not_found"}, 422: {"invalid_request"}},
     ("GET", "/metrics"): BAD_REQUEST,
     ("GET", "/dashboard"): {},
+    ("GET", "/v1/vllm"): {409: {"invalid_state"}},
 }
 REQUIRED_ERRORS = {
     key: errors if key in OPEN else {**errors, **AUTH} for key, errors in _OWN_ERRORS.items()

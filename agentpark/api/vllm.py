@@ -1,0 +1,47 @@
+"""/v1/vllm: where a vLLM connector finds the daemon's control socket (asked once)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from agentpark.api.deps import AUTH_ERRORS, RuntimeDep, TenantDep
+from agentpark.connectors.protocol import PROTOCOL
+from agentpark.errors import InvalidStateError, error_responses
+
+__all__ = ["VllmInfo", "router"]
+
+router = APIRouter()
+
+
+class VllmInfo(BaseModel):
+    protocol: int = Field(description="control protocol version")
+    tenant: str = Field(description="the token's tenant: the connector's sessions belong to it")
+    control_socket: str = Field(description="unix socket the connector talks to (0600)")
+    pool_path: str = Field(description="the host pool file (/dev/shm)")
+    pool_capacity_bytes: int
+    degraded: dict[str, int] = Field(description="requests served without agentpark, by cause")
+
+
+@router.get(
+    "/v1/vllm",
+    tags=["vllm"],
+    responses=error_responses(InvalidStateError, *AUTH_ERRORS),
+)
+def get_vllm(runtime: RuntimeDep, tenant: TenantDep) -> VllmInfo:
+    """The control socket and pool of a daemon serving vLLM ([vllm] enabled); 409 if not.
+
+    Needs the ``sessions`` scope: the connector's sessions belong to its token's tenant
+    (the tenant comes from the token, never from the connector's own configuration).
+    """
+    service = runtime.vllm
+    if service is None:
+        raise InvalidStateError("this daemon does not serve vLLM: set [vllm] enabled = true")
+    return VllmInfo(
+        protocol=PROTOCOL,
+        tenant=tenant,
+        control_socket=str(service.socket_path),
+        pool_path=str(service.pool_path),
+        pool_capacity_bytes=service.capacity,
+        degraded=dict(service.degraded),
+    )

@@ -1,0 +1,192 @@
+"""The connector's side of the control protocol: one socket, bounded waits, never raises.
+
+Every call either returns the daemon's answer or None, and None means "go on as without
+agentpark": the daemon is down, slow (over ``timeout_s``), or refused. Each such cause is
+counted, logged once (then at debug level), and the counts are sent to the daemon the
+next time it answers, so its ``agentpark_vllm_degraded_total`` includes what happened
+while it was away.
+
+The socket is found once through ``GET {daemon_url}/v1/vllm`` (stdlib HTTP: this module
+loads inside vLLM's processes) and asked again only after the daemon stops answering.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.request
+from typing import Any
+
+from agentpark.connectors.protocol import ProtocolError, encode_frame, read_frame
+
+__all__ = ["ControlClient"]
+
+log = logging.getLogger(__name__)
+
+_BACKOFF_S = 1.0  # after a failed connect, calls degrade at once for this long
+_DISCOVER_TIMEOUT_S = 0.5
+
+
+class ControlClient:
+    """Calls to the daemon's control socket, from one process (thread-safe)."""
+
+    def __init__(
+        self,
+        daemon_url: str | None,
+        *,
+        token: str | None = None,
+        timeout_s: float = 0.05,
+        socket_path: str | None = None,
+        who: str = "connector",
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.daemon_url = daemon_url.rstrip("/") if daemon_url else None
+        self.token = token
+        self.timeout_s = timeout_s
+        self.who = who
+        self.log = logger or log
+        self._path = socket_path
+        # The tenant of the token, learnt from GET /v1/vllm; it replaces the one a call names.
+        self.tenant: str | None = None
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._retry_at = 0.0
+        self.counts: collections.Counter[str] = collections.Counter()  # all since start
+        self._unsent: collections.Counter[str] = collections.Counter()
+        self._logged: set[str] = set()
+
+    # ---- degraded -------------------------------------------------------------------------
+
+    def degraded(self, cause: str, why: str) -> None:
+        """Count a request served without agentpark; log the first of each cause."""
+        self.counts[cause] += 1
+        self._unsent[cause] += 1
+        if cause not in self._logged:
+            self._logged.add(cause)
+            self.log.warning(
+                "agentpark %s: %s (%s); vLLM goes on without agentpark for such requests "
+                "(counted in agentpark_vllm_degraded_total; logged once per cause)",
+                self.who,
+                why,
+                cause,
+            )
+        else:
+            self.log.debug("agentpark %s: %s (%s)", self.who, why, cause)
+
+    # ---- calls ----------------------------------------------------------------------------
+
+    def call(
+        self, op: str, blob: bytes = b"", *, wait_s: float | None = None, **fields: Any
+    ) -> dict[str, Any] | None:
+        """The daemon's answer (``ok`` true or false), or None when it could not be had.
+
+        ``wait_s``: this call's time-out instead of ``timeout_s`` (registration, which may
+        create the pool file, is not on vLLM's scheduling path).
+        """
+        with self._lock:
+            if wait_s is not None and self._sock is not None:
+                self._sock.settimeout(wait_s)
+            try:
+                answer = self._call_locked(op, blob, fields, wait_s)
+            finally:
+                if wait_s is not None and self._sock is not None:
+                    self._sock.settimeout(self.timeout_s)
+            if answer is not None and self._unsent and op != "degraded":
+                counts, self._unsent = dict(self._unsent), collections.Counter()
+                if self._call_locked("degraded", b"", {"counts": counts}, None) is None:
+                    self._unsent.update(counts)
+            return answer
+
+    def _call_locked(
+        self, op: str, blob: bytes, fields: dict[str, Any], wait_s: float | None
+    ) -> dict[str, Any] | None:
+        if time.monotonic() < self._retry_at:
+            self.degraded("daemon_unreachable", "the agentpark daemon is not answering")
+            return None
+        reused = self._sock is not None
+        sock = self._sock or self._connect()
+        if sock is None:
+            return None
+        if wait_s is not None:
+            sock.settimeout(wait_s)
+        if "tenant" in fields and self.tenant is not None:
+            fields = {**fields, "tenant": self.tenant}  # the token's tenant, as the daemon said
+        frame = encode_frame({"op": op, **fields}, blob)
+        try:
+            try:
+                sock.sendall(frame)
+                answer, _ = read_frame(sock)
+            except (OSError, ProtocolError) as exc:
+                if not reused or isinstance(exc, TimeoutError):
+                    raise
+                # The daemon restarted since this connection was made: one fresh try.
+                self._drop()
+                sock = self._connect()
+                if sock is None:
+                    return None
+                if wait_s is not None:
+                    sock.settimeout(wait_s)
+                sock.sendall(frame)
+                answer, _ = read_frame(sock)
+        except TimeoutError:
+            self._drop()  # a late answer would pair with the next request
+            waited = self.timeout_s if wait_s is None else wait_s
+            self.degraded("timeout", f"the daemon took over {waited * 1e3:.0f} ms to answer {op}")
+            return None
+        except (OSError, ProtocolError) as exc:
+            self._drop()
+            self._retry_at = time.monotonic() + _BACKOFF_S
+            self.degraded("daemon_unreachable", f"the control connection failed: {exc}")
+            return None
+        return answer
+
+    def _connect(self) -> socket.socket | None:
+        path = self._path or self._discover()
+        if path is None:
+            self._retry_at = time.monotonic() + _BACKOFF_S
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout_s)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            sock.close()
+            if self.daemon_url is not None:
+                self._path = None  # the daemon may have moved: ask it again next time
+            self._retry_at = time.monotonic() + _BACKOFF_S
+            self.degraded("daemon_unreachable", f"cannot connect to {path}: {exc.strerror}")
+            return None
+        self._sock = sock
+        return sock
+
+    def _discover(self) -> str | None:
+        if self.daemon_url is None:
+            self.degraded("not_configured", "no daemon_url in kv_connector_extra_config")
+            return None
+        request = urllib.request.Request(f"{self.daemon_url}/v1/vllm")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=_DISCOVER_TIMEOUT_S) as response:
+                info = json.loads(response.read())
+            path = str(info["control_socket"])
+            tenant = str(info["tenant"])
+        except Exception as exc:  # any failure: the daemon is not there (yet)
+            self.degraded("daemon_unreachable", f"GET {self.daemon_url}/v1/vllm failed: {exc}")
+            return None
+        self._path, self.tenant = path, tenant
+        self.log.info("agentpark %s: daemon %s, control socket %s", self.who, self.daemon_url, path)
+        return path
+
+    def _drop(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()

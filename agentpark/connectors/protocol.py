@@ -1,0 +1,227 @@
+"""The control protocol between an engine's connector and the daemon: one light module.
+
+Both sides import it (the daemon's control server and the connector inside vLLM), so a
+message shape is defined once. Transport: a unix socket in the daemon's state dir (0600),
+one persistent connection per connector process, request/answer in lock step.
+
+A frame is ``<u32 json_len><u32 blob_len>`` (little-endian), then a UTF-8 JSON object,
+then ``blob_len`` raw bytes. Token ids travel in the blob as little-endian int32 (a 4k
+token prompt is 16 KiB copied, not 20 KiB of JSON parsed). A request is
+``{"op": NAME, ...}``; an answer is ``{"ok": true, ...}`` or ``{"ok": false, "error":
+MESSAGE, "cause": CAUSE}``.
+
+Operations (the fields each takes are the keyword arguments of the daemon's handler):
+
+=================  ======================================================================
+hello              the daemon's version and protocol number
+register           a worker's KV layout -> the host pool file to map (created or re-attached)
+match              how many tokens beyond ``num_computed`` a session's parked copy holds
+begin_load         take the parked copy for a load: tier slots and checksum for the worker
+load_done          the worker loaded (or found the copy damaged): commit or drop it
+prepare_store      a turn ended: park (slots reserved for the worker) or keep, and why
+complete_store     the worker copied the blocks (with their checksum), or failed: commit
+degraded           counts of requests a connector served without agentpark, by cause
+=================  ======================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import struct
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "MAX_BLOB",
+    "MAX_JSON",
+    "PROTOCOL",
+    "Layout",
+    "PoolFile",
+    "ProtocolError",
+    "SessionParams",
+    "decode_tokens",
+    "encode_frame",
+    "encode_tokens",
+    "parse_params",
+    "read_frame",
+]
+
+PROTOCOL = 1
+MAX_JSON = 1 << 20
+MAX_BLOB = 64 << 20  # 16M token ids
+_HEAD = struct.Struct("<II")
+
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+TOOL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+PARAM_KEYS = frozenset({"session_id", "tool", "expected_resume_s", "tenant"})
+
+
+class ProtocolError(Exception):
+    """A frame that is malformed, too large, or cut short (the connection is dropped)."""
+
+
+def encode_frame(message: dict[str, Any], blob: bytes = b"") -> bytes:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    return _HEAD.pack(len(body), len(blob)) + body + blob
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ProtocolError("connection closed mid-frame" if got else "connection closed")
+        got += k
+    return bytes(buf)
+
+
+def read_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+    """One frame from ``sock``; ProtocolError on EOF, oversize or bad JSON."""
+    json_len, blob_len = _HEAD.unpack(_recv_exact(sock, _HEAD.size))
+    if json_len > MAX_JSON or blob_len > MAX_BLOB:
+        raise ProtocolError(f"frame too large ({json_len} + {blob_len} bytes)")
+    body = _recv_exact(sock, json_len)
+    blob = _recv_exact(sock, blob_len) if blob_len else b""
+    try:
+        message = json.loads(body)
+    except ValueError as exc:
+        raise ProtocolError(f"frame is not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("frame is not a JSON object")
+    return message, blob
+
+
+def encode_tokens(tokens: Sequence[int]) -> bytes:
+    return np.asarray(tokens, dtype="<i4").tobytes()
+
+
+def decode_tokens(blob: bytes) -> np.ndarray:
+    if len(blob) % 4:
+        raise ProtocolError(f"token blob of {len(blob)} bytes is not int32s")
+    return np.frombuffer(blob, dtype="<i4")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An engine's KV layout as its worker read it from the KV tensors at registration.
+
+    ``arrays``: one entry per copyable array (a layer, or a layer's K or V where the
+    engine keeps them apart), each ``(block_shape, dtype)`` with the block axis first;
+    ``dtype`` is a numpy name of the same item size (bfloat16 travels as uint16 bits).
+    """
+
+    model_uid: str
+    block_size: int
+    num_blocks: int
+    arrays: tuple[tuple[tuple[int, ...], str], ...]
+    kv_dtype: str  # the engine's own name of the element type, e.g. "torch.bfloat16"
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> Layout:
+        try:
+            arrays = tuple(
+                (tuple(int(d) for d in shape), str(dtype)) for shape, dtype in raw["arrays"]
+            )
+            layout = cls(
+                str(raw["model_uid"]),
+                int(raw["block_size"]),
+                int(raw["num_blocks"]),
+                arrays,
+                str(raw["kv_dtype"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"bad layout: {exc!r}") from None
+        if layout.block_size <= 0 or layout.num_blocks <= 0 or not arrays:
+            raise ProtocolError("bad layout: block_size, num_blocks and arrays must be positive")
+        if not 0 < len(layout.model_uid) <= 512:
+            raise ProtocolError("bad layout: model_uid must be 1-512 characters")
+        return layout
+
+
+@dataclass(frozen=True)
+class PoolFile:
+    """Where the host pool lives and how a worker maps it (the tier file's own layout).
+
+    Array ``i``'s slot ``s`` is ``block_nbytes[i]`` bytes at ``offsets[i] + s *
+    block_nbytes[i]``. ``pool_id`` changes whenever the daemon makes a new file, so a
+    worker holding a map of an older one maps again.
+    """
+
+    path: str
+    file_bytes: int
+    capacity_blocks: int
+    offsets: tuple[int, ...]
+    block_nbytes: tuple[int, ...]
+    pool_id: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> PoolFile:
+        return cls(
+            str(raw["path"]),
+            int(raw["file_bytes"]),
+            int(raw["capacity_blocks"]),
+            tuple(int(o) for o in raw["offsets"]),
+            tuple(int(n) for n in raw["block_nbytes"]),
+            str(raw["pool_id"]),
+        )
+
+
+@dataclass(frozen=True)
+class SessionParams:
+    """The ``agentpark`` object of a request's ``kv_transfer_params``, validated."""
+
+    session_id: str
+    tool: str | None = None
+    expected_resume_s: float | None = None
+
+
+def parse_params(raw: object, tenant: str) -> SessionParams | str | None:
+    """``kv_transfer_params`` -> the session's params, None (not an agentpark request), or
+    the reason (a str) they are refused. Never raises: a client's bad input must not
+    reach vLLM as an exception.
+    """
+    if not isinstance(raw, dict) or "agentpark" not in raw:
+        return None
+    ours = raw["agentpark"]
+    if not isinstance(ours, dict):
+        return f"kv_transfer_params.agentpark must be an object, got {type(ours).__name__}"
+    unknown = sorted(str(k)[:32] for k in ours if k not in PARAM_KEYS)
+    if unknown:
+        return f"kv_transfer_params.agentpark has unknown keys {unknown[:5]}"
+    session_id = ours.get("session_id")
+    if not isinstance(session_id, str) or not SESSION_ID_RE.match(session_id):
+        shown = repr(session_id)[:40] if isinstance(session_id, str) else type(session_id).__name__
+        return (
+            "kv_transfer_params.agentpark.session_id must be 1-128 letters, digits or ._:- "
+            f"(got {shown})"
+        )
+    asked_tenant = ours.get("tenant")
+    if asked_tenant is not None and asked_tenant != tenant:
+        return (
+            "kv_transfer_params.agentpark.tenant names another tenant than this "
+            "connector's: a request cannot reach another tenant's sessions"
+        )
+    tool = ours.get("tool")
+    if tool is not None and (not isinstance(tool, str) or not TOOL_RE.match(tool)):
+        return "kv_transfer_params.agentpark.tool must be 1-128 letters, digits or ._:/-"
+    expected = ours.get("expected_resume_s")
+    if expected is not None:
+        if isinstance(expected, bool) or not isinstance(expected, int | float):
+            return "kv_transfer_params.agentpark.expected_resume_s must be a number of seconds"
+        if not 0.0 <= float(expected) <= 86_400.0:
+            return "kv_transfer_params.agentpark.expected_resume_s must be in 0..86400"
+        expected = float(expected)
+    return SessionParams(session_id, tool, expected)

@@ -1,0 +1,1 @@
+"""The daemon's control plane for external engines: the socket server and the vLLM service."""

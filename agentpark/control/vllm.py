@@ -1,0 +1,336 @@
+"""The daemon's side of vLLM: the host pool, the external-engine core and the control ops.
+
+With ``[vllm] enabled = true`` a daemon serves vLLM's agentpark connector instead of
+running its reference engine. It owns the host pool, one shm tier file (the same
+:class:`~agentpark.tiers.shm.ShmTier` as the reference mode), whose geometry is the
+engine's, as its worker read it from the KV tensors and registered it. The file survives
+a restart of vLLM (the worker maps it again) and of the daemon (the header names the
+layout, so the tier re-attaches at start and recovery keeps its parked sessions).
+
+A registration with another layout (another model, dtype or block size) refuses the old
+file loudly: it is moved aside (never deleted), its sessions are LOST, a new file is made.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from agentpark import __version__
+from agentpark.blocks import ArraySpec, PoolGeometry
+from agentpark.config import Settings
+from agentpark.connectors.protocol import (
+    PROTOCOL,
+    Layout,
+    PoolFile,
+    ProtocolError,
+    decode_tokens,
+)
+from agentpark.control.server import ControlServer, default_socket_path
+from agentpark.enums import Decision, Tier
+from agentpark.errors import AgentparkError, CapacityError, ConfigError, SessionBusyError
+from agentpark.parking import CoreOptions, ExternalDriver, external_core
+from agentpark.parking.external import StorePlan
+from agentpark.store.repository import SessionStore
+from agentpark.tiers.filetier import FileTier, read_header
+from agentpark.tiers.shm import ShmTier, default_shm_path
+
+__all__ = ["VllmService", "vllm_pool_path"]
+
+log = logging.getLogger(__name__)
+
+_UNREGISTERED = PoolGeometry(1, 1, (ArraySpec((1,), "uint8"),))
+DegradedSink = Callable[[str, int], None]
+
+
+def vllm_pool_path(settings: Settings) -> Path:
+    """The pool file: ``vllm.pool_path``, default the state dir's shm name + ``-vllm``."""
+    configured = settings.vllm.pool_path
+    if configured is not None:
+        return configured
+    default = default_shm_path(settings.state_dir)
+    return default.with_name(f"{default.name}-vllm")
+
+
+def _geometry(layout: Layout) -> PoolGeometry:
+    arrays = tuple(ArraySpec(tuple(shape), dtype) for shape, dtype in layout.arrays)
+    return PoolGeometry(layout.num_blocks, layout.block_size, arrays)
+
+
+class VllmService:
+    """The external core for vLLM, its pool tier and the handlers of the control ops."""
+
+    def __init__(self, settings: Settings, store: SessionStore, options: CoreOptions) -> None:
+        self.settings = settings
+        self.capacity = int(settings.vllm.pool_capacity)
+        self.pool_path = vllm_pool_path(settings)
+        self.socket_path = settings.vllm.control_socket or default_socket_path(settings.state_dir)
+        self._lock = threading.Lock()
+        self.degraded: collections.Counter[str] = collections.Counter()
+        self._sinks: list[DegradedSink] = []
+        self.tier: FileTier | None = None
+        self.pool_id: str | None = None
+        geometry, model_uid = _UNREGISTERED, "vllm: no engine registered yet"
+        if self.pool_path.exists():
+            try:
+                geometry, model_uid = self._header_geometry()
+                self.tier = ShmTier(self.pool_path, geometry, self.capacity, model_uid)
+                self.pool_id = self.pool_file(self.tier).pool_id
+            except (ValueError, KeyError, TypeError, OSError) as exc:
+                log.error(
+                    "vllm pool %s: unreadable header (%s); made anew on registration",
+                    self.pool_path,
+                    exc,
+                )
+                geometry, model_uid = _UNREGISTERED, "vllm: no engine registered yet"
+        tiers = [self.tier] if self.tier is not None else []
+        self.driver: ExternalDriver = external_core(
+            store, geometry, model_uid, tiers, options=options
+        )
+        self.driver.engine_blocks = 0
+        self.server = ControlServer(self.socket_path, self.handle, self.undelivered)
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(
+            target=self._reap, name="agentpark-vllm-reaper", daemon=True
+        )
+
+    def _header_geometry(self) -> tuple[PoolGeometry, str]:
+        header = read_header(self.pool_path)
+        arrays = tuple(
+            ArraySpec(tuple(int(d) for d in a["block_shape"]), str(a["dtype"]))
+            for a in header["arrays"]
+        )
+        return PoolGeometry(1, int(header["block_size"]), arrays), str(header["model_uid"])
+
+    # ---- life -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.server.start()
+        self._reaper.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.server.stop()
+        if self._reaper.is_alive():
+            self._reaper.join(timeout=5)
+
+    def add_degraded_sink(self, sink: DegradedSink) -> None:
+        self._sinks.append(sink)
+
+    def count_degraded(self, cause: str, n: int = 1) -> None:
+        cause = cause[:32] or "unknown"
+        self.degraded[cause] += n
+        for sink in self._sinks:
+            sink(cause, n)
+
+    def _reap(self) -> None:
+        timeout = self.settings.vllm.plan_timeout_s
+        while not self._stop.wait(min(1.0, timeout / 4)):
+            try:
+                expired = self.driver.expire(timeout)
+            except Exception:
+                log.exception("vllm: expiring plans failed")
+                continue
+            if expired:
+                log.warning("vllm: %d copies the engine never reported were failed", expired)
+                self.count_degraded("engine_never_reported", expired)
+
+    # ---- registration ---------------------------------------------------------------------
+
+    def register(self, layout: Layout) -> PoolFile:
+        """A worker's layout -> the pool file it maps (made or re-attached for it)."""
+        geometry = _geometry(layout)
+        with self._lock:
+            tier = self.tier
+            same = (
+                tier is not None
+                and self.driver.model_uid == layout.model_uid
+                and tier.geometry.block_size == geometry.block_size
+                and tier.geometry.arrays == geometry.arrays
+            )
+            if same:
+                self.driver.attach(geometry, layout.model_uid, None)
+            else:
+                if tier is not None:
+                    log.error(
+                        "vllm pool %s holds the layout of %s; the engine registering is %s: "
+                        "refusing the old file (moved aside) and making a new one",
+                        self.pool_path,
+                        self.driver.model_uid,
+                        layout.model_uid,
+                    )
+                    tier.close()
+                    aside = self.pool_path.with_name(
+                        f"{self.pool_path.name}.mismatch-{os.getpid()}-{id(tier)}"
+                    )
+                    self.pool_path.rename(aside)
+                tier = ShmTier(self.pool_path, geometry, self.capacity, layout.model_uid)
+                self.tier = tier
+                self.driver.attach(geometry, layout.model_uid, [tier])
+            assert tier is not None
+            pool = self.pool_file(tier)
+            self.pool_id = pool.pool_id
+            log.info(
+                "vllm engine registered: %s, %d blocks of %d tokens, %d arrays, pool %s",
+                layout.model_uid,
+                layout.num_blocks,
+                layout.block_size,
+                len(layout.arrays),
+                self.pool_path,
+            )
+            return pool
+
+    def pool_file(self, tier: FileTier) -> PoolFile:
+        header = read_header(tier.path)
+        st = tier.path.stat()
+        return PoolFile(
+            str(tier.path),
+            tier.file_bytes,
+            tier.capacity_blocks,
+            tier.region_offsets,
+            tuple(a.block_nbytes for a in tier.geometry.arrays),
+            f"{st.st_ino}-{header.get('created_at')}",
+        )
+
+    # ---- the control ops ------------------------------------------------------------------
+
+    def handle(self, message: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        """One control request -> its answer; an AgentparkError is an answer too."""
+        op = message.get("op")
+        handler = self._ops.get(op) if isinstance(op, str) else None
+        if handler is None:
+            return {"ok": False, "error": f"unknown op {op!r}", "cause": "bad_request"}, b""
+        try:
+            return {"ok": True, **handler(self, message, blob)}, b""
+        except SessionBusyError as exc:
+            self.count_degraded("session_busy")
+            return {"ok": False, "error": exc.message, "cause": "session_busy"}, b""
+        except CapacityError as exc:
+            self.count_degraded("pool_full")
+            return {"ok": False, "error": exc.message, "cause": "pool_full"}, b""
+        except AgentparkError as exc:
+            return {"ok": False, "error": exc.message, "cause": exc.code}, b""
+        except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+            return {"ok": False, "error": f"bad request: {exc}"[:500], "cause": "bad_request"}, b""
+
+    def undelivered(self, message: dict[str, Any], answer: dict[str, Any]) -> None:
+        """A park or load the connector never heard of: undo it at once."""
+        op = message.get("op")
+        if op == "prepare_store" and "store_id" in answer:
+            self.driver.complete_store(
+                int(answer["store_id"]), False, None, "the connector gave up waiting"
+            )
+        elif op == "begin_load" and "load_id" in answer:
+            self.driver.load_done(int(answer["load_id"]), False, "the connector gave up waiting")
+        else:
+            return
+        self.count_degraded("timeout")
+
+    def _hello(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        return {"protocol": PROTOCOL, "version": __version__}
+
+    def _register(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        layout = Layout.from_wire(message["layout"])
+        try:
+            pool = self.register(layout)
+        except ConfigError as exc:
+            self.count_degraded("layout_refused")
+            raise ProtocolError(f"layout refused: {exc.message}") from None
+        return {"pool": pool.to_wire()}
+
+    def _match(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        tokens = decode_tokens(blob)
+        n = self.driver.match(
+            str(message["tenant"]), str(message["session_id"]), tokens, int(message["num_computed"])
+        )
+        return {"tokens": n}
+
+    def _begin_load(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        plan = self.driver.begin_load(
+            str(message["tenant"]),
+            str(message["session_id"]),
+            decode_tokens(blob).tolist(),
+            int(message["start_block"]),
+            [int(b) for b in message["block_ids"]],
+        )
+        return {
+            "load_id": plan.load_id,
+            "tier": plan.tier.name,
+            "slots": plan.slots,
+            "parked_slots": plan.parked_slots,
+            "checksum": plan.checksum,
+            "pool_id": self.pool_id,
+        }
+
+    def _load_done(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        cause = message.get("cause")
+        restored = self.driver.load_done(
+            int(message["load_id"]), bool(message["ok"]), None if cause is None else str(cause)
+        )
+        if not message["ok"]:
+            self.count_degraded(f"load_{cause or 'failed'}")
+        return {
+            "restored_tokens": restored.tokens,
+            "restored_from": restored.restored_from,
+            "why": restored.why,
+        }
+
+    def _prepare_store(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        expected = message.get("expected_resume_s")
+        tool = message.get("tool")
+        result = self.driver.prepare_store(
+            str(message["tenant"]),
+            str(message["session_id"]),
+            decode_tokens(blob).tolist(),
+            [int(b) for b in message["block_ids"]],
+            tool=None if tool is None else str(tool),
+            expected_resume_s=None if expected is None else float(expected),
+            tier=Tier.SHM,
+        )
+        if not isinstance(result, StorePlan):
+            return {"decision": result.decision, "why": result.why}
+        return {
+            "decision": Decision.PARKED,
+            "why": result.why,
+            "store_id": result.store_id,
+            "slots": result.slots,
+            "checksum": self.driver.core.mover.checksummed(result.tier),
+            "pool_id": self.pool_id,
+        }
+
+    def _complete_store(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        checksum = message.get("checksum")
+        result = self.driver.complete_store(
+            int(message["store_id"]),
+            bool(message["ok"]),
+            None if checksum is None else str(checksum),
+            None if message.get("detail") is None else str(message["detail"])[:500],
+        )
+        if result is None:
+            return {"decision": Decision.KEPT, "why": "unknown store (expired or done)"}
+        return {"decision": result.decision, "why": result.why}
+
+    def _degraded(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
+        counts = message["counts"]
+        if not isinstance(counts, dict):
+            raise ValueError("counts must be an object")
+        for cause, n in list(counts.items())[:64]:
+            if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 1_000_000_000:
+                self.count_degraded(str(cause), n)
+        return {}
+
+    _ops: ClassVar[dict[str, Callable[[VllmService, dict[str, Any], bytes], dict[str, Any]]]] = {
+        "hello": _hello,
+        "register": _register,
+        "match": _match,
+        "begin_load": _begin_load,
+        "load_done": _load_done,
+        "prepare_store": _prepare_store,
+        "complete_store": _complete_store,
+        "degraded": _degraded,
+    }

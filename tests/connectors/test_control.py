@@ -1,0 +1,426 @@
+"""The daemon's side of vLLM, through its real control socket, with a numpy stand-in worker.
+
+``Worker`` plays the connector's worker process: it maps the daemon's real /dev/shm pool
+file with numpy (as the real one does with torch), writes and reads block bytes there, and
+checksums them with agentpark.integrity. The daemon's side is the real VllmService: SQLite
+file, shm tier, control server on a unix socket, and the connector's own ControlClient.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agentpark.blocks import ArraySpec, PoolGeometry
+from agentpark.config import Settings
+from agentpark.connectors.client import ControlClient
+from agentpark.connectors.protocol import Layout, PoolFile, encode_tokens
+from agentpark.control.vllm import VllmService
+from agentpark.enums import State
+from agentpark.integrity import checksum
+from agentpark.parking import CoreOptions
+from agentpark.policy.service import PolicyService
+from agentpark.store.db import open_database
+from agentpark.store.migrate import upgrade
+from agentpark.store.repository import SessionStore
+from agentpark.tiers.base import HostTier
+from tests.conftest import tiny_settings
+
+BLOCK = 16
+LAYOUT = Layout(
+    model_uid="vllm:tiny:torch.bfloat16:abc",
+    block_size=BLOCK,
+    num_blocks=64,
+    arrays=(((2, BLOCK, 8), "uint16"), ((2, BLOCK, 8), "uint16")),
+    kv_dtype="torch.bfloat16",
+)
+TENANT = "default"
+
+
+class _View:
+    def __init__(self, geometry: PoolGeometry, buffers: list[np.ndarray]) -> None:
+        self.geometry = geometry
+        self._buffers = buffers
+
+    def buffers(self) -> list[np.ndarray]:
+        return self._buffers
+
+
+class Worker:
+    """STAND-IN for the connector's worker: the pool file mapped with numpy."""
+
+    def __init__(self, pool: PoolFile, layout: Layout) -> None:
+        self.pool = pool
+        self.geometry = PoolGeometry(
+            layout.num_blocks,
+            layout.block_size,
+            tuple(ArraySpec(s, d) for s, d in layout.arrays),
+        )
+        self.arrays = [
+            np.memmap(
+                pool.path,
+                dtype=spec.dtype,
+                mode="r+",
+                offset=offset,
+                shape=(pool.capacity_blocks, *spec.block_shape),
+            )
+            for spec, offset in zip(self.geometry.arrays, pool.offsets, strict=True)
+        ]
+
+    def write(self, slots: list[int], seed: int) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        rows = []
+        for arr in self.arrays:
+            data = rng.integers(0, 60_000, (len(slots), *arr.shape[1:])).astype(arr.dtype)
+            arr[slots] = data
+            rows.append(data)
+        return rows
+
+    def checksum(self, slots: list[int]) -> str:
+        view = _View(self.geometry, [np.asarray(a) for a in self.arrays])
+        tier: HostTier = view  # type: ignore[assignment]  # integrity reads geometry, buffers
+        return checksum(tier, slots)
+
+
+@dataclass
+class Daemon:
+    settings: Settings
+    store: SessionStore
+    service: VllmService
+    client: ControlClient
+
+    def call(self, op: str, tokens: list[int] | None = None, **fields: Any) -> dict[str, Any]:
+        blob = encode_tokens(tokens) if tokens is not None else b""
+        answer = self.client.call(op, blob, wait_s=10.0, **fields)
+        assert answer is not None, f"{op}: no answer"
+        return answer
+
+    def restart(self) -> None:
+        self.client.close()
+        self.service.stop()
+        self.service.driver.core.close()
+        if self.service.tier is not None:
+            self.service.tier.close()
+        self.service = _service(self.settings, self.store)
+        self.service.start()
+        self.client = ControlClient(None, socket_path=str(self.service.socket_path))
+
+
+def _service(settings: Settings, store: SessionStore) -> VllmService:
+    options = CoreOptions(checksum_tiers=frozenset({"shm"}))
+    service = VllmService(settings, store, options)
+    PolicyService(service.driver.core, store, settings.policy)  # the advisor, as the daemon's
+    return service
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, shm_dir: Path) -> Iterator[Daemon]:
+    settings = tiny_settings(
+        tmp_path / "state",
+        shm_dir,
+        vllm={"enabled": True, "pool_capacity": 1 << 20, "pool_path": shm_dir / "pool"},
+    )
+    upgrade(settings.database_url)
+    store = SessionStore(*open_database(settings.database_url))
+    service = _service(settings, store)
+    service.start()
+    made = Daemon(
+        settings, store, service, ControlClient(None, socket_path=str(service.socket_path))
+    )
+    yield made
+    made.client.close()
+    made.service.stop()
+    made.service.driver.core.close()
+    if made.service.tier is not None:
+        made.service.tier.close()
+    store.close()
+
+
+def _register(daemon: Daemon, layout: Layout = LAYOUT) -> tuple[PoolFile, Worker]:
+    answer = daemon.call("register", layout=layout.to_wire())
+    assert answer["ok"], answer
+    pool = PoolFile.from_wire(answer["pool"])
+    return pool, Worker(pool, layout)
+
+
+def _park(
+    daemon: Daemon, worker: Worker, session_id: str, tokens: list[int], seed: int = 0
+) -> tuple[dict[str, Any], list[np.ndarray]]:
+    blocks = list(range(100, 100 + len(tokens) // BLOCK))
+    answer = daemon.call(
+        "prepare_store",
+        tokens,
+        tenant=TENANT,
+        session_id=session_id,
+        block_ids=blocks,
+        tool="search",
+        expected_resume_s=60.0,
+    )
+    assert answer["ok"] and answer["decision"] == "parked", answer
+    rows = worker.write(answer["slots"], seed)
+    done = daemon.call(
+        "complete_store",
+        store_id=answer["store_id"],
+        ok=True,
+        checksum=worker.checksum(answer["slots"]),
+    )
+    assert done["decision"] == "parked", done
+    return answer, rows
+
+
+def _kinds(daemon: Daemon, session_id: str) -> list[str]:
+    return [e.kind for e in reversed(daemon.store.events(TENANT, session_id, 100))]
+
+
+def test_the_socket_and_pool_file_are_private_and_the_header_names_the_layout(
+    daemon: Daemon,
+) -> None:
+    pool, _ = _register(daemon)
+    assert stat.S_IMODE(os.stat(daemon.service.socket_path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(pool.path).st_mode) == 0o600
+    again, _ = _register(daemon)
+    assert again == pool  # the same layout re-attaches the same file
+    hello = daemon.call("hello")
+    assert hello["ok"] and hello["protocol"] == 1
+
+
+def test_a_two_phase_park_then_a_load_restores_the_parked_bytes(daemon: Daemon) -> None:
+    _, worker = _register(daemon)
+    tokens = list(range(1, 3 * BLOCK + 5))[: 3 * BLOCK]  # three whole blocks
+    store, rows = _park(daemon, worker, "agent-1", tokens)
+    row = daemon.service.driver.core.get(TENANT, "agent-1")
+    assert row.state == State.PARKED and row.tier == "shm" and row.kv_blocks == 3
+
+    turn2 = [*tokens, 7, 8, 9]
+    match = daemon.call("match", turn2, tenant=TENANT, session_id="agent-1", num_computed=0)
+    assert match["tokens"] == 3 * BLOCK
+    # vLLM's own cache has block 0: only blocks 1 and 2 come from agentpark.
+    partial = daemon.call("match", turn2, tenant=TENANT, session_id="agent-1", num_computed=BLOCK)
+    assert partial["tokens"] == 2 * BLOCK
+    load = daemon.call(
+        "begin_load",
+        turn2,
+        tenant=TENANT,
+        session_id="agent-1",
+        start_block=1,
+        block_ids=[7, 8, 9],
+    )
+    assert load["ok"], load
+    assert load["slots"] == store["slots"][1:] and load["parked_slots"] == store["slots"]
+    assert load["checksum"] == worker.checksum(store["slots"])
+    for arr, before in zip(worker.arrays, rows, strict=True):
+        assert np.array_equal(arr[load["slots"]], before[1:])  # the bytes it parked
+    assert daemon.service.driver.core.get(TENANT, "agent-1").state == State.RESUMING
+    done = daemon.call("load_done", load_id=load["load_id"], ok=True)
+    assert done["restored_tokens"] == 2 * BLOCK and done["restored_from"] == "shm"
+    core = daemon.service.driver.core
+    assert core.get(TENANT, "agent-1").state == State.ACTIVE
+    assert core.counters.prefill_tokens_avoided == 2 * BLOCK
+    assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
+    assert _kinds(daemon, "agent-1") == ["create", "turn", "pause", "resume", "tool_return"]
+
+
+def test_a_short_pause_is_kept_and_nothing_is_reserved(daemon: Daemon) -> None:
+    _register(daemon)
+    tokens = list(range(2 * BLOCK))
+    answer = daemon.call(
+        "prepare_store",
+        tokens,
+        tenant=TENANT,
+        session_id="quick",
+        block_ids=[1, 2],
+        expected_resume_s=0.1,
+    )
+    assert answer["ok"] and answer["decision"] == "kept" and "break-even" in answer["why"]
+    assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
+
+
+def test_a_copy_the_worker_reports_damaged_is_dropped_and_counted_as_recomputed(
+    daemon: Daemon,
+) -> None:
+    _, worker = _register(daemon)
+    tokens = list(range(50, 50 + 2 * BLOCK))
+    store, _ = _park(daemon, worker, "s", tokens)
+    worker.arrays[0][store["slots"][0]].flat[5] ^= 1  # one flipped bit
+    turn2 = [*tokens, 1]
+    load = daemon.call(
+        "begin_load", turn2, tenant=TENANT, session_id="s", start_block=0, block_ids=[3, 4]
+    )
+    assert worker.checksum(load["parked_slots"]) != load["checksum"]  # what the worker sees
+    done = daemon.call("load_done", load_id=load["load_id"], ok=False, cause="checksum")
+    assert done["restored_tokens"] == 0
+    kinds = _kinds(daemon, "s")
+    assert kinds[-3:] == ["corrupt", "recompute", "tool_return"]
+    assert daemon.service.driver.core.get(TENANT, "s").state == State.ACTIVE
+    assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
+    assert daemon.service.degraded["load_checksum"] == 1
+
+
+def test_a_store_the_engine_never_finishes_is_failed_and_its_slots_freed(
+    daemon: Daemon,
+) -> None:
+    _register(daemon)
+    answer = daemon.call(
+        "prepare_store",
+        list(range(BLOCK)),
+        tenant=TENANT,
+        session_id="s",
+        block_ids=[5],
+        expected_resume_s=60.0,
+    )
+    assert daemon.service.driver.core.get(TENANT, "s").state == State.PAUSING
+    # A turn arriving mid-save finds nothing loadable: the copy is not committed yet.
+    assert (
+        daemon.call("match", list(range(BLOCK + 1)), tenant=TENANT, session_id="s", num_computed=0)[
+            "tokens"
+        ]
+        == 0
+    )
+    assert daemon.service.driver.expire(0.0) == 1
+    row = daemon.service.driver.core.get(TENANT, "s")
+    assert row.state == State.ACTIVE and "pause_failed" in _kinds(daemon, "s")
+    assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
+    late = daemon.call("complete_store", store_id=answer["store_id"], ok=True, checksum=None)
+    assert late["decision"] == "kept"  # too late: not parked
+
+
+def test_parked_sessions_survive_a_daemon_restart_and_load_after_it(daemon: Daemon) -> None:
+    pool, worker = _register(daemon)
+    tokens = list(range(9, 9 + 2 * BLOCK))
+    store, _ = _park(daemon, worker, "s", tokens)
+    daemon.restart()
+    assert daemon.service.driver.core.get(TENANT, "s").state == State.PARKED
+    again, _ = _register(daemon)
+    assert again.pool_id == pool.pool_id  # the same file, re-attached
+    turn2 = [*tokens, 1]
+    assert (
+        daemon.call("match", turn2, tenant=TENANT, session_id="s", num_computed=0)["tokens"]
+        == 2 * BLOCK
+    )
+    load = daemon.call(
+        "begin_load", turn2, tenant=TENANT, session_id="s", start_block=0, block_ids=[1, 2]
+    )
+    assert load["slots"] == store["slots"] and load["checksum"] == worker.checksum(load["slots"])
+
+
+def test_another_layout_refuses_the_old_pool_and_its_sessions_are_lost(daemon: Daemon) -> None:
+    pool, worker = _register(daemon)
+    _park(daemon, worker, "s", list(range(BLOCK)))
+    other = Layout(LAYOUT.model_uid + "-other", BLOCK, 64, LAYOUT.arrays, LAYOUT.kv_dtype)
+    fresh, _ = _register(daemon, other)
+    assert fresh.pool_id != pool.pool_id
+    moved = list(Path(pool.path).parent.glob(Path(pool.path).name + ".mismatch-*"))
+    assert moved, "the old file is moved aside, never deleted"
+    row = daemon.service.driver.core.get(TENANT, "s")
+    assert row.state == State.LOST and "layout changed" in (row.lost_reason or "")
+
+
+def test_refusals_are_answers_and_a_full_pool_is_counted(daemon: Daemon) -> None:
+    assert (
+        daemon.call(
+            "prepare_store",
+            list(range(BLOCK)),
+            tenant=TENANT,
+            session_id="s",
+            block_ids=[1],
+            expected_resume_s=60.0,
+        )["ok"]
+        is False
+    )  # no engine yet
+    _register(daemon)
+    capacity = daemon.service.tier.capacity_blocks if daemon.service.tier else 0
+    tokens = list(range((capacity + 1) * BLOCK))
+    full = daemon.call(
+        "prepare_store",
+        tokens,
+        tenant=TENANT,
+        session_id="big",
+        block_ids=list(range(capacity + 1)),
+        expected_resume_s=60.0,
+    )
+    assert full["ok"] is False and full["cause"] == "pool_full"
+    assert daemon.service.degraded["pool_full"] >= 1
+    bad = daemon.call(
+        "prepare_store",
+        list(range(BLOCK)),
+        tenant=TENANT,
+        session_id="bad id!",
+        block_ids=[1],
+        expected_resume_s=60.0,
+    )
+    assert bad["ok"] is False and bad["cause"] == "invalid_request"
+    unknown = daemon.call("no_such_op")
+    assert unknown["ok"] is False and unknown["cause"] == "bad_request"
+    busy_free = daemon.call(
+        "begin_load", [1, 2], tenant=TENANT, session_id="nobody", start_block=0, block_ids=[1]
+    )
+    assert busy_free["ok"] is False
+
+
+def test_degraded_counts_made_while_the_daemon_was_away_reach_it(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    absent = ControlClient(None, socket_path=str(tmp_path / "nobody.sock"), who="test")
+    assert absent.call("hello") is None
+    assert absent.counts["daemon_unreachable"] == 1
+    assert absent.call("hello") is None  # within the back-off: degraded at once
+    assert absent.counts["daemon_unreachable"] == 2
+    # The same client, once it reaches a daemon, sends what it counted.
+    late = ControlClient(None, socket_path=str(daemon.service.socket_path), who="test")
+    late.degraded("daemon_unreachable", "while it was away")
+    late.degraded("daemon_unreachable", "while it was away")
+    assert late.call("hello") is not None
+    assert daemon.service.degraded["daemon_unreachable"] == 2
+    late.close()
+
+
+def test_a_call_after_a_daemon_restart_reconnects_at_once(daemon: Daemon) -> None:
+    client = ControlClient(None, socket_path=str(daemon.service.socket_path), who="test")
+    assert client.call("hello") is not None
+    daemon.restart()
+    assert client.call("hello") is not None  # the stale connection is replaced, not degraded
+    assert not client.counts
+    client.close()
+
+
+def test_a_park_whose_answer_the_connector_gave_up_on_is_undone_at_once(
+    daemon: Daemon,
+) -> None:
+    import threading
+
+    from tests.conftest import wait_until
+
+    _register(daemon)
+    release = threading.Event()
+    handle = daemon.service.server.handler
+
+    def slow(message: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+        answer = handle(message, blob)
+        if message.get("op") == "prepare_store":
+            release.wait(10)  # answered only after the connector has stopped waiting
+        return answer
+
+    daemon.service.server.handler = slow
+    impatient = ControlClient(None, socket_path=str(daemon.service.socket_path), timeout_s=0.05)
+    answer = impatient.call(
+        "prepare_store",
+        encode_tokens(list(range(BLOCK))),
+        tenant=TENANT,
+        session_id="late",
+        block_ids=[3],
+        expected_resume_s=60.0,
+    )
+    assert answer is None and impatient.counts["timeout"] == 1
+    release.set()
+    core = daemon.service.driver.core
+    wait_until(lambda: core.get(TENANT, "late").state == State.ACTIVE, timeout=10)
+    assert daemon.service.driver.pending() == (0, 0)
+    assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
+    impatient.close()
