@@ -55,6 +55,7 @@ SCOPE: dict[tuple[str, str], Scope] = {
     ("GET", "/v1/host/latency"): Scope.OPERATOR,
     ("GET", "/v1/host/parked"): Scope.OPERATOR,
     ("GET", "/v1/peers"): Scope.OPERATOR,
+    ("GET", "/v1/vllm"): Scope.SESSIONS,
     ("GET", "/v1/admin/policy"): Scope.OPERATOR,
     ("POST", "/v1/admin/drain"): Scope.ADMIN,
     ("POST", "/v1/admin/reload"): Scope.ADMIN,
