@@ -23,6 +23,7 @@ from agentpark.statedir import StateLock
 from agentpark.store.db import StorageProbe, WalCheckpointer, open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
+from agentpark.store.retention import Retention, RetentionStore
 from agentpark.store.samples import SampleStore
 from agentpark.tiers.base import BackendHeldTier, HostTier
 from agentpark.tiers.disk import DiskTier
@@ -130,7 +131,12 @@ class Runtime:
 
         metrics = Metrics(snapshot, core.live_sessions, host_label(settings))
         core.add_listener(metrics.observe)
-        sampler = HostSampler(snapshot, SampleStore(db_engine, db_sessions), settings.dashboard)
+        sampler = HostSampler(
+            snapshot,
+            SampleStore(db_engine, db_sessions),
+            settings.dashboard,
+            retention=Retention(RetentionStore(db_engine), settings.retention),
+        )
         policy = PolicyService(core, store, settings.policy)
         runtime = cls(
             settings, store, engine, driver, metrics, sampler, policy, ready, False, config_path

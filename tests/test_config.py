@@ -211,6 +211,10 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         "policy.tool_quantile": "0.9",
         "policy.tool_window": "8",
         "policy.tools": '{"web_search": {"expected_pause_s": 8}}',
+        "retention.events_h": "24",
+        "retention.tool_returns_h": "720",
+        "retention.deleted_h": "1",
+        "retention.batch_rows": "100",
     }
     assert changed.keys() == LEAVES.keys(), "a new key needs a line here"
     defaults = load_settings(EXAMPLE).model_dump()
