@@ -232,10 +232,12 @@ def build_tiers(settings: Settings, geometry: PoolGeometry, model_uid: str) -> l
         tiers.append(DramTier(geometry, int(cfg.dram.capacity)))
     if cfg.shm.capacity:
         path = cfg.shm.path or default_shm_path(settings.state_dir)
-        tiers.append(ShmTier(path, geometry, int(cfg.shm.capacity), model_uid))
+        tiers.append(ShmTier(path, geometry, int(cfg.shm.capacity), model_uid, settings.state_dir))
     if cfg.disk.capacity:
         path = cfg.disk.path or settings.state_dir / "disk-tier.bin"
-        tiers.append(DiskTier(path, geometry, int(cfg.disk.capacity), model_uid))
+        tiers.append(
+            DiskTier(path, geometry, int(cfg.disk.capacity), model_uid, settings.state_dir)
+        )
     return tiers
 
 
