@@ -73,8 +73,9 @@ class EventRow(Base):
     __table_args__ = (
         Index("ix_events_tenant_session", "tenant", "session_id", "id"),
         Index("ix_events_tenant_id", "tenant", "id"),
-        # Retention prunes each kind by age; /v1/host/latency aggregates kinds over a window.
-        Index("ix_events_kind_at", "kind", "at"),
+        # Retention prunes each kind by age; /v1/host/latency sums kinds over a window from
+        # the index alone (it covers the durations and bytes too).
+        Index("ix_events_kind_at", "kind", "at", "duration_ms", "bytes"),
         # The newest tool_return events of each tool (learned pauses) without a scan.
         Index("ix_events_kind_detail_id", "kind", "detail", "id"),
         # Purging a session finds its events (and SQLite's SET NULL action does) by key.

@@ -1,7 +1,8 @@
 """Retention: indexes to prune by age and read tool pauses without a scan; purgeable sessions
 
-- ``ix_events_kind_at``: pruning each event kind by age, and /v1/host/latency's aggregate
-  over a window, read an index range instead of the table.
+- ``ix_events_kind_at`` (kind, at, duration_ms, bytes): pruning each event kind by age, and
+  /v1/host/latency's sums and percentiles over a window, read an index range instead of
+  the table (the index covers what the latency figures need).
 - ``ix_events_kind_detail_id``: the newest tool_return events of each tool come from the
   index, so loading the learned pauses costs the same at 1k or 1M rows.
 - ``ix_events_session_seq``: a purged session's events, found by key (SQLite's own
@@ -75,7 +76,7 @@ def _rebuild_events(*, ondelete: str, nullable: bool, where: str = "") -> None:
 
 def upgrade() -> None:
     _rebuild_events(ondelete="SET NULL", nullable=True)
-    op.create_index("ix_events_kind_at", "events", ["kind", "at"])
+    op.create_index("ix_events_kind_at", "events", ["kind", "at", "duration_ms", "bytes"])
     op.create_index("ix_events_kind_detail_id", "events", ["kind", "detail", "id"])
     op.create_index("ix_events_session_seq", "events", ["session_seq"])
     op.create_index("ix_sessions_state_deleted_at", "sessions", ["state", "deleted_at"])
