@@ -301,11 +301,12 @@ class HostSampler:
         now = self.clock() if now is None else now
         self.sample(now)
         if now >= self._next_maintenance:
+            # Due again in a minute even if a step fails (a full disk): no retry every tick.
+            self._next_maintenance = now + MAINTENANCE_EVERY_S
             self.downsample(now)
             self.prune(now)
             if self.retention is not None:  # outside the lock: samples go on meanwhile
                 self.retention.run(now)
-            self._next_maintenance = now + MAINTENANCE_EVERY_S
 
     def start(self) -> None:
         """Sample every ``sample_interval_s`` on a daemon thread (the first after one)."""
