@@ -1,5 +1,5 @@
-"""Command line: ``agentpark serve | db upgrade | token ... | status | drain | bench ... |
-make-model | vllm serve``.
+"""Command line: ``agentpark serve | db upgrade | db cleanup | token ... | status | drain |
+bench ... | make-model | vllm serve``.
 
 ``--config FILE`` may come before the subcommand or after it (``agentpark serve --config
 FILE``); ``status`` and ``drain`` talk to the daemon through ``agentpark.client`` (with
@@ -106,6 +106,23 @@ def _parser() -> argparse.ArgumentParser:
     db_sub = db.add_subparsers(title="db commands")
     db_up = add(db_sub, "upgrade", help="apply alembic migrations up to head")
     db_up.set_defaults(run=_db_upgrade)
+    db_clean = add(
+        db_sub,
+        "cleanup",
+        help="list moved-aside and orphaned tier files (shm, disk) and remove them",
+    )
+    db_clean.add_argument("--dry-run", action="store_true", help="list only")
+    db_clean.add_argument("--yes", action="store_true", help="remove without asking")
+    db_clean.add_argument(
+        "--include-stopped",
+        action="store_true",
+        help="also remove files of stopped daemons whose state dir still exists (their "
+        "parked sessions are recomputed at the next start)",
+    )
+    db_clean.add_argument(
+        "--shm-dir", type=Path, default=Path("/dev/shm"), help="where shm tier files live"
+    )
+    db_clean.set_defaults(run=_db_cleanup)
 
     _token_commands(sub, add)
 
@@ -552,6 +569,22 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     upgrade(settings.database_url)
     print(f"database at head: {settings.database_url}")
     return 0
+
+
+def _db_cleanup(args: argparse.Namespace) -> int:
+    from agentpark.cleanup import run_cleanup
+
+    settings = load_settings(args.config)
+    tiers = settings.tiers
+    roots = [settings.state_dir]
+    roots += [p.parent for p in (tiers.shm.path, tiers.disk.path) if p is not None]
+    return run_cleanup(
+        roots,
+        shm_root=args.shm_dir,
+        dry_run=args.dry_run,
+        yes=args.yes,
+        include_stopped=args.include_stopped,
+    )
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -295,6 +295,30 @@ class DashboardSettings(_Section):
         return self
 
 
+class RetentionSettings(_Section):
+    """How long history is kept in SQLite; older rows are deleted in small batches.
+
+    Host samples keep ``dashboard.retention_h``. Pruning runs with the sampler's upkeep
+    (about once a minute), ``batch_rows`` rows per transaction, so no request waits long
+    for SQLite's write lock.
+    """
+
+    events_h: float = Field(
+        168.0, ge=0.01, le=87_840.0, description="events (other than tool returns), hours"
+    )
+    tool_returns_h: float = Field(
+        168.0, ge=0.01, le=87_840.0, description="tool_return events (learned pauses), hours"
+    )
+    deleted_h: float = Field(
+        168.0,
+        ge=0.0,
+        le=87_840.0,
+        description="a deleted session's row, token log, logits and metadata, hours after "
+        "the delete; then its id can be created again",
+    )
+    batch_rows: int = Field(5000, ge=1, le=1_000_000, description="rows per delete")
+
+
 class Settings(BaseSettings):
     """The whole configuration of one daemon."""
 
@@ -320,6 +344,7 @@ class Settings(BaseSettings):
     policy: PolicySettings = PolicySettings()
     dashboard: DashboardSettings = DashboardSettings()
     vllm: VllmSettings = VllmSettings()
+    retention: RetentionSettings = RetentionSettings()
 
     @property
     def database_url(self) -> str:

@@ -12,7 +12,8 @@ is older than that; the merged row's ``at`` is the bucket's start, so a coarser 
 finds it in its own bucket. Merging averages the gauges (weighted by the raw samples each
 row stands for), sums the counts, bytes and milliseconds, takes the count-weighted mean of
 p50 and the maximum of p99 (a bound, not an exact percentile). Samples older than
-``dashboard.retention_h`` are deleted.
+``dashboard.retention_h`` are deleted, a batch per transaction; the same upkeep runs
+:class:`agentpark.store.retention.Retention` (old events, tool returns, deleted sessions).
 
 Each step takes an explicit ``now`` so tests drive it without waiting for the clock; the
 thread started by :meth:`HostSampler.start` is only a timer around them.
@@ -30,6 +31,7 @@ from typing import Any
 from agentpark.config import DashboardSettings
 from agentpark.snapshot import HostSnapshot
 from agentpark.store.models import HostSampleRow
+from agentpark.store.retention import Retention
 from agentpark.store.samples import EventFigure, SampleStore
 from agentpark.tally import EventTally, percentile
 
@@ -200,11 +202,13 @@ class HostSampler:
         store: SampleStore,
         settings: DashboardSettings,
         clock: Callable[[], float] = time.time,
+        retention: Retention | None = None,
     ) -> None:
         self.host = host
         self.store = store
         self.settings = settings
         self.clock = clock
+        self.retention = retention
         latest = store.latest()
         # Continue after the last sample's events; on a first start, count from now on.
         self._last_event_id = latest.last_event_id if latest else store.max_event_id()
@@ -297,15 +301,20 @@ class HostSampler:
         now = self.clock() if now is None else now
         self.sample(now)
         if now >= self._next_maintenance:
+            # Due again in a minute even if a step fails (a full disk): no retry every tick.
+            self._next_maintenance = now + MAINTENANCE_EVERY_S
             self.downsample(now)
             self.prune(now)
-            self._next_maintenance = now + MAINTENANCE_EVERY_S
+            if self.retention is not None:  # outside the lock: samples go on meanwhile
+                self.retention.run(now)
 
     def start(self) -> None:
         """Sample every ``sample_interval_s`` on a daemon thread (the first after one)."""
         if self._thread is not None:
             raise RuntimeError("the sampler is already running")
         self._stop.clear()
+        if self.retention is not None:  # a stop does not wait for a backlog to be pruned
+            self.retention.should_stop = self._stop.is_set
         self._thread = threading.Thread(target=self._run, name="agentpark-sampler", daemon=True)
         self._thread.start()
 

@@ -25,6 +25,7 @@ from agentpark.statedir import StateLock
 from agentpark.store.db import StorageProbe, WalCheckpointer, open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
+from agentpark.store.retention import Retention, RetentionStore
 from agentpark.store.samples import SampleStore
 from agentpark.tiers.base import BackendHeldTier, HostTier
 from agentpark.tiers.disk import DiskTier
@@ -159,7 +160,12 @@ class Runtime:
 
         metrics = Metrics(snapshot, core.live_sessions, host_label(settings))
         core.add_listener(metrics.observe)
-        sampler = HostSampler(snapshot, SampleStore(db_engine, db_sessions), settings.dashboard)
+        sampler = HostSampler(
+            snapshot,
+            SampleStore(db_engine, db_sessions),
+            settings.dashboard,
+            retention=Retention(RetentionStore(db_engine), settings.retention),
+        )
         policy = PolicyService(core, store, settings.policy)
         runtime = cls(
             settings, store, None, None, metrics, sampler, policy, ready, False, config_path
@@ -275,10 +281,12 @@ def build_tiers(settings: Settings, geometry: PoolGeometry, model_uid: str) -> l
         tiers.append(DramTier(geometry, int(cfg.dram.capacity)))
     if cfg.shm.capacity:
         path = cfg.shm.path or default_shm_path(settings.state_dir)
-        tiers.append(ShmTier(path, geometry, int(cfg.shm.capacity), model_uid))
+        tiers.append(ShmTier(path, geometry, int(cfg.shm.capacity), model_uid, settings.state_dir))
     if cfg.disk.capacity:
         path = cfg.disk.path or settings.state_dir / "disk-tier.bin"
-        tiers.append(DiskTier(path, geometry, int(cfg.disk.capacity), model_uid))
+        tiers.append(
+            DiskTier(path, geometry, int(cfg.disk.capacity), model_uid, settings.state_dir)
+        )
     return tiers
 
 

@@ -82,10 +82,67 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # cache every step
         # A size limit turns on the cache's file lock: processes write it concurrently.
         os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(1 << 30)
+        os.environ[_SHM_TAG_ENV] = os.urandom(4).hex()  # this run's /dev/shm folders
     # This process imported jax before the variables were set (a worker inherits them).
     jax.config.update("jax_compilation_cache_dir", os.environ[_JAX_CACHE_ENV])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_compilation_cache_max_size", 1 << 30)
+
+
+# ---- no tier file left behind -------------------------------------------------------------
+# Every /dev/shm folder the tests make is named SHM_TEST_PREFIX + ...: the run's own tag (made
+# by the controller, inherited by the xdist workers and daemon children) tells this run's
+# folders from those of another run on the same machine. A tier file at the default shm
+# path carries its state dir in its header, which for a test is under the run's basetemp.
+# The controller checks both once every worker is done, fails the run on a leak, and
+# removes what it found (each leak is hundreds of MiB of RAM on a real config).
+_SHM_TAG_ENV = "PYTEST_AGENTPARK_SHM_TAG"
+SHM_ROOT = Path("/dev/shm")
+
+
+def shm_test_prefix() -> str:
+    """The name prefix of this run's folders under /dev/shm."""
+    import os
+
+    return f"agentpark-test-{os.environ[_SHM_TAG_ENV]}-"
+
+
+def _leaked_shm(basetemp: Path) -> list[Path]:
+    from agentpark.tiers.filetier import read_header
+
+    leaked: list[Path] = []
+    for entry in sorted(SHM_ROOT.glob("agentpark-*")):
+        if entry.name.startswith(shm_test_prefix()):
+            leaked.append(entry)
+            continue
+        if not entry.is_file() or entry.is_symlink():
+            continue
+        try:
+            owner = read_header(entry).get("state_dir")
+        except (ValueError, OSError):
+            continue
+        if owner and Path(owner).is_relative_to(basetemp.resolve()):
+            leaked.append(entry)
+    return leaked
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    import shutil
+
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return  # the controller checks, after every worker has finished
+    leaked = _leaked_shm(config._tmp_path_factory.getbasetemp())  # type: ignore[attr-defined]
+    if not leaked:
+        return
+    lines = "\n".join(f"  {path}" for path in leaked)
+    print(f"\nthe test run left these in {SHM_ROOT} (now removed):\n{lines}")
+    for path in leaked:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -106,7 +163,7 @@ def _private_shm_dir() -> Iterator[Path]:
     import shutil
     import tempfile
 
-    path = Path(tempfile.mkdtemp(prefix="agentpark-test-", dir="/dev/shm"))
+    path = Path(tempfile.mkdtemp(prefix=shm_test_prefix(), dir=SHM_ROOT))
     try:
         yield path
     finally:

@@ -217,6 +217,10 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         "vllm.pool_path": "/dev/shm/agentpark-vllm-elsewhere",
         "vllm.control_socket": "/srv/agentpark/control.sock",
         "vllm.plan_timeout_s": "30",
+        "retention.events_h": "24",
+        "retention.tool_returns_h": "720",
+        "retention.deleted_h": "1",
+        "retention.batch_rows": "100",
     }
     assert changed.keys() == LEAVES.keys(), "a new key needs a line here"
     defaults = load_settings(EXAMPLE).model_dump()

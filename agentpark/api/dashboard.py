@@ -47,7 +47,7 @@ from agentpark.api.schemas_host import (
 )
 from agentpark.enums import State
 from agentpark.errors import InvalidRequestError, error_responses
-from agentpark.history import bandwidth, transfer_figures
+from agentpark.history import bandwidth
 from agentpark.runtime import Runtime, host_label
 from agentpark.snapshot import HostSnapshot
 
@@ -181,7 +181,7 @@ def _history(
 def _latency(runtime: Runtime, window_s: float) -> LatencyResponse:
     """Latency and bandwidth from the events of the last ``window_s`` seconds."""
     now = time.time()
-    figures = transfer_figures(runtime.sampler.store.events_between(now - window_s, now))
+    figures = runtime.sampler.store.window_figures(now - window_s, now)
     return LatencyResponse(
         window_s=window_s,
         since=now - window_s,

@@ -34,6 +34,8 @@ class SessionRow(Base):
         UniqueConstraint("tenant", "session_id", name="uq_sessions_tenant_session_id"),
         Index("ix_sessions_tenant_state", "tenant", "state"),
         Index("ix_sessions_tenant_seq", "tenant", "seq"),
+        # Retention: deleted sessions by the time of their delete.
+        Index("ix_sessions_state_deleted_at", "state", "deleted_at"),
     )
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -71,10 +73,18 @@ class EventRow(Base):
     __table_args__ = (
         Index("ix_events_tenant_session", "tenant", "session_id", "id"),
         Index("ix_events_tenant_id", "tenant", "id"),
+        # Retention prunes each kind by age; /v1/host/latency sums kinds over a window from
+        # the index alone (it covers the durations and bytes too).
+        Index("ix_events_kind_at", "kind", "at", "duration_ms", "bytes"),
+        # The newest tool_return events of each tool (learned pauses) without a scan.
+        Index("ix_events_kind_detail_id", "kind", "detail", "id"),
+        # Purging a session finds its events (and SQLite's SET NULL action does) by key.
+        Index("ix_events_session_seq", "session_seq"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    session_seq: Mapped[int] = mapped_column(ForeignKey("sessions.seq", ondelete="CASCADE"))
+    # Null once the session's row is purged (retention.deleted_h): its tool returns stay.
+    session_seq: Mapped[int | None] = mapped_column(ForeignKey("sessions.seq", ondelete="SET NULL"))
     tenant: Mapped[str] = mapped_column(String(128))
     session_id: Mapped[str] = mapped_column(String(128))
     kind: Mapped[str] = mapped_column(String(32))

@@ -22,7 +22,17 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, delete, func, insert, inspect, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Table,
+    bindparam,
+    delete,
+    insert,
+    inspect,
+    select,
+    update,
+)
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
@@ -30,6 +40,7 @@ from agentpark.enums import EventKind, State
 from agentpark.errors import StorageUnavailableError
 from agentpark.store.db import StorageHealth
 from agentpark.store.models import EventRow, HostSampleRow, SessionRow
+from agentpark.store.retention import distinct_event_values
 
 __all__ = ["SessionStore"]
 
@@ -201,23 +212,26 @@ class SessionStore:
     def tool_returns(self, per_tool: int) -> list[EventRow]:
         """The newest ``per_tool`` tool_return events of each tool, oldest first.
 
-        One query with a window function: at most ``per_tool`` rows per tool come back,
-        however many the table holds.
+        Bounded whatever the table holds: the tools come from a loose scan of the
+        ``events (kind, detail, id)`` index (one seek per tool), then each tool's newest
+        rows from the same index backwards, so start-up reads tools x ``per_tool`` rows at
+        most. The events handed out carry the kind, tool, duration and id only.
         """
-        rank = (
-            func.row_number()
-            .over(partition_by=EventRow.detail, order_by=EventRow.id.desc())
-            .label("rank")
+        kind = EventKind.TOOL_RETURN.value
+        newest = (
+            select(_EVENTS.c.id, _EVENTS.c.detail, _EVENTS.c.duration_ms)
+            .where(_EVENTS.c.kind == kind, _EVENTS.c.detail == bindparam("tool"))
+            .order_by(_EVENTS.c.id.desc())
+            .limit(per_tool)
         )
-        ranked = select(EventRow.id, rank).where(EventRow.kind == EventKind.TOOL_RETURN).subquery()
-        stmt = (
-            select(EventRow)
-            .join(ranked, EventRow.id == ranked.c.id)
-            .where(ranked.c.rank <= per_tool)
-            .order_by(EventRow.id)
-        )
-        with self._factory() as db:
-            return list(db.scalars(stmt).all())
+        found: list[tuple[int, str, float | None]] = []
+        with self._engine.connect() as conn:
+            for tool in distinct_event_values(conn, "detail", kind):
+                found.extend(
+                    (int(i), str(d), ms) for i, d, ms in conn.execute(newest, {"tool": tool})
+                )
+        found.sort()
+        return [EventRow(id=id_, kind=kind, detail=tool, duration_ms=ms) for id_, tool, ms in found]
 
 
 def _by_column(values: dict[str, Any], fields: list[tuple[str, str]]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Engine, delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -79,11 +80,23 @@ class SampleStore:
                 db.execute(delete(HostSampleRow).where(HostSampleRow.id.in_(chunk)))
             db.add_all(list(new))
 
-    def prune(self, before: float) -> int:
-        """Delete samples older than ``before``; return how many."""
-        with self._factory.begin() as db:
-            result = db.execute(delete(HostSampleRow).where(HostSampleRow.at < before))
-            return int(getattr(result, "rowcount", 0) or 0)
+    def prune(self, before: float, batch_rows: int = 5000) -> int:
+        """Delete samples older than ``before``, ``batch_rows`` per transaction (no long
+        write lock); return how many."""
+        oldest = (
+            select(HostSampleRow.id)
+            .where(HostSampleRow.at < before)
+            .order_by(HostSampleRow.at)
+            .limit(batch_rows)
+        )
+        total = 0
+        while True:
+            with self._factory.begin() as db:
+                result = db.execute(delete(HostSampleRow).where(HostSampleRow.id.in_(oldest)))
+                done = int(getattr(result, "rowcount", 0) or 0)
+            total += done
+            if done < batch_rows:
+                return total
 
     def count(self) -> int:
         with self._factory() as db:
@@ -109,15 +122,70 @@ class SampleStore:
                 stmt = stmt.where(EventRow.id <= up_to_id)
             return [EventFigure(*r) for r in db.execute(stmt.order_by(EventRow.id)).all()]
 
-    def events_between(self, since: float, until: float) -> list[EventFigure]:
-        """The figure events with ``since <= at <= until`` (every tenant), oldest first."""
-        with self._factory() as db:
+    def window_figures(self, since: float, until: float) -> dict[str, Any]:
+        """What :func:`agentpark.history.transfer_figures` makes of the figure events with
+        ``since <= at <= until``, computed in SQLite: a handful of rows come back however
+        many events the window holds (``/v1/host/latency`` over a busy week).
+
+        Counts, bytes and copy time are sums per kind over ``events (kind, at)``; each
+        percentile is the nearest-rank row of the window's durations, as
+        :func:`agentpark.tally.percentile` picks it.
+        """
+        window = (EventRow.at >= since, EventRow.at <= until)
+        with self._engine.connect() as conn:
             stmt = (
-                select(*_FIGURE_COLUMNS)
-                .where(EventRow.at >= since, EventRow.at <= until, EventRow.kind.in_(FIGURE_KINDS))
-                .order_by(EventRow.id)
+                select(
+                    EventRow.kind,
+                    func.count(),
+                    func.total(EventRow.bytes),
+                    func.total(EventRow.duration_ms),
+                )
+                .where(EventRow.kind.in_(FIGURE_KINDS), *window)
+                .group_by(EventRow.kind)
             )
-            return [EventFigure(*r) for r in db.execute(stmt).all()]
+            per_kind = {str(k): (int(n), int(b), float(ms)) for k, n, b, ms in conn.execute(stmt)}
+
+            def count(kind: str) -> int:
+                return per_kind.get(kind, (0, 0, 0.0))[0]
+
+            def ranks(kinds: tuple[str, ...], n: int) -> tuple[float | None, float | None]:
+                if n == 0:
+                    return None, None
+                wanted = [max(1, (n * p + 99) // 100) for p in (50, 99)]  # nearest rank
+                duration = func.coalesce(EventRow.duration_ms, 0.0)
+                ranked = (
+                    select(
+                        duration.label("d"),
+                        func.row_number().over(order_by=(duration, EventRow.id)).label("rn"),
+                    )
+                    .where(EventRow.kind.in_(kinds), *window)
+                    .subquery()
+                )
+                found = dict(
+                    conn.execute(
+                        select(ranked.c.rn, ranked.c.d).where(ranked.c.rn.in_(wanted))
+                    ).all()
+                )
+                return float(found[wanted[0]]), float(found[wanted[1]])
+
+            pause_p50, pause_p99 = ranks(("pause",), count("pause"))
+            resume_p50, resume_p99 = ranks(
+                ("resume", "recompute"), count("resume") + count("recompute")
+            )
+        return {
+            "pauses": count("pause"),
+            "resumes": count("resume"),
+            "recomputes": count("recompute"),
+            "restore_failures": count("restore_failed"),
+            "bytes_parked": per_kind.get("pause", (0, 0, 0.0))[1],
+            "bytes_restored": per_kind.get("resume", (0, 0, 0.0))[1],
+            "park_ms": per_kind.get("pause", (0, 0, 0.0))[2],
+            "restore_ms": per_kind.get("resume", (0, 0, 0.0))[2],
+            "pause_p50_ms": pause_p50,
+            "pause_p99_ms": pause_p99,
+            "resume_p50_ms": resume_p50,
+            "resume_p99_ms": resume_p99,
+        }
 
 
 _FIGURE_COLUMNS = (

@@ -16,8 +16,20 @@ __all__ = ["DiskTier"]
 
 class DiskTier(FileTier):
     def __init__(
-        self, path: Path, geometry: PoolGeometry, capacity_bytes: int, model_uid: str
+        self,
+        path: Path,
+        geometry: PoolGeometry,
+        capacity_bytes: int,
+        model_uid: str,
+        owner: Path | None = None,
     ) -> None:
         super().__init__(
-            Tier.DISK, path, geometry, capacity_bytes, model_uid, durable=True, populate=False
+            Tier.DISK,
+            path,
+            geometry,
+            capacity_bytes,
+            model_uid,
+            durable=True,
+            populate=False,
+            owner=owner,
         )

@@ -3,7 +3,8 @@
 Layout: a 4 KiB header, then one region per pool array (4 KiB aligned) of
 ``capacity_blocks`` rows in the pool's own layout. The header is the magic ``AGPKTIER``,
 a little-endian uint32 format version and uint32 length, then JSON naming the model uid,
-the block geometry, the dtypes and the capacity. Which slots belong to which session is
+the block geometry, the dtypes and the capacity (and, when the daemon gave it, the state dir
+that owns the file: ``agentpark db cleanup`` reads it). Which slots belong to which session is
 not in the file: it lives in SQLite (``sessions.parked_handle``), written in the same
 transaction that reports the pause done.
 
@@ -88,10 +89,14 @@ class FileTier(SlotTier):
         *,
         durable: bool,
         populate: bool,
+        owner: Path | None = None,
     ) -> None:
         super().__init__(geometry, capacity_bytes // geometry.block_nbytes)
         self.name = name
         self.path = path
+        # The state dir of the daemon the file belongs to, recorded in the header so
+        # `agentpark db cleanup` can tell a file whose state dir is gone (an orphan).
+        self.owner = None if owner is None else Path(owner).resolve()
         self.durable = durable
         self.model_uid = model_uid
         self.reattached = False
@@ -274,7 +279,10 @@ class FileTier(SlotTier):
         try:
             if os.fstat(fd).st_mode & 0o077:  # O_CREAT's mode is masked, never widened; still
                 os.fchmod(fd, 0o600)
-            body = json.dumps({**self.expected_header(), "created_at": time.time()}).encode()
+            extra: dict[str, Any] = {"created_at": time.time()}
+            if self.owner is not None:
+                extra["state_dir"] = str(self.owner)
+            body = json.dumps({**self.expected_header(), **extra}).encode()
             if _PREFIX.size + len(body) > HEADER_BYTES:
                 raise ConfigError(f"{self.name} tier header does not fit in {HEADER_BYTES} bytes")
             os.pwrite(fd, _PREFIX.pack(MAGIC, FORMAT_VERSION, len(body)) + body, 0)

@@ -30,8 +30,20 @@ def default_shm_path(state_dir: Path) -> Path:
 
 class ShmTier(FileTier):
     def __init__(
-        self, path: Path, geometry: PoolGeometry, capacity_bytes: int, model_uid: str
+        self,
+        path: Path,
+        geometry: PoolGeometry,
+        capacity_bytes: int,
+        model_uid: str,
+        owner: Path | None = None,
     ) -> None:
         super().__init__(
-            Tier.SHM, path, geometry, capacity_bytes, model_uid, durable=False, populate=True
+            Tier.SHM,
+            path,
+            geometry,
+            capacity_bytes,
+            model_uid,
+            durable=False,
+            populate=True,
+            owner=owner,
         )

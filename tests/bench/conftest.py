@@ -13,6 +13,7 @@ import pytest
 from rich.console import Console
 
 from agentpark.bench.common import MEMORY_FILESYSTEMS, filesystem_of
+from tests.conftest import SHM_ROOT, shm_test_prefix
 
 
 @dataclass
@@ -35,7 +36,7 @@ def consoles() -> Consoles:
 @pytest.fixture
 def shm_parent() -> Iterator[Path]:
     """A private directory under /dev/shm: the bench makes its own temp dir inside."""
-    path = Path(tempfile.mkdtemp(prefix="agentpark-benchtest-", dir="/dev/shm"))
+    path = Path(tempfile.mkdtemp(prefix=shm_test_prefix() + "bench-", dir=SHM_ROOT))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

@@ -1,0 +1,170 @@
+"""``agentpark db cleanup`` on real /dev/shm tier files (in a private folder under /dev/shm,
+so other runs' files are never looked at) and on a real daemon's state dir."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agentpark.blocks import ArraySpec, PoolGeometry
+from agentpark.cleanup import (
+    IN_USE,
+    MOVED,
+    ORPHANED,
+    OWNER_RUNNING,
+    STOPPED,
+    find_tier_files,
+    run_cleanup,
+)
+from agentpark.cli import main
+from agentpark.config import Settings
+from agentpark.statedir import StateLock
+from agentpark.tiers.filetier import read_header
+from agentpark.tiers.shm import ShmTier
+from tests.conftest import InProcessApp
+
+GEOMETRY = PoolGeometry(num_blocks=8, block_size=4, arrays=(ArraySpec((4, 8), "float32"),))
+CAPACITY = 8 * GEOMETRY.block_nbytes
+
+
+def _tier_file(path: Path, owner: Path | None) -> Path:
+    """A real shm tier file, closed again (as a stopped daemon leaves it)."""
+    ShmTier(path, GEOMETRY, CAPACITY, "model-a", owner).close()
+    return path
+
+
+def test_files_are_classified_and_only_orphans_and_moved_aside_ones_go(
+    tmp_path: Path, shm_dir: Path
+) -> None:
+    gone = tmp_path / "gone-state"
+    gone.mkdir()
+    stopped = tmp_path / "stopped-state"
+    stopped.mkdir()
+    running = tmp_path / "running-state"
+    orphan = _tier_file(shm_dir / "agentpark-orphan", gone)
+    shutil.rmtree(gone)
+    kept = _tier_file(shm_dir / "agentpark-stopped", stopped)
+    old = _tier_file(shm_dir / "agentpark-old-header", None)
+    aside = _tier_file(shm_dir / "agentpark-x.mismatch-123", stopped)
+    unused = _tier_file(shm_dir / "agentpark-unused", running)
+    nested = shm_dir / "agentpark-bench-1"
+    nested.mkdir()
+    nested_orphan = _tier_file(nested / "shm-tier.bin", tmp_path / "never-made")
+    (shm_dir / "agentpark-not-a-tier").write_bytes(b"hello")
+    (shm_dir / "other-prefix").write_bytes(b"AGPKTIER")
+    held = ShmTier(shm_dir / "agentpark-held", GEOMETRY, CAPACITY, "model-a", gone)
+    lock = StateLock.acquire(running)
+    try:
+        assert read_header(orphan)["state_dir"] == str(gone.resolve())
+        found = {f.path: f.kind for f in find_tier_files((), shm_root=shm_dir)}
+        assert found == {
+            orphan: ORPHANED,
+            kept: STOPPED,
+            old: STOPPED,
+            aside: MOVED,
+            unused: OWNER_RUNNING,
+            nested_orphan: ORPHANED,
+            held.path: IN_USE,
+        }
+        lines: list[str] = []
+        assert (
+            run_cleanup(
+                [],
+                shm_root=shm_dir,
+                dry_run=True,
+                yes=False,
+                include_stopped=False,
+                out=lines.append,
+            )
+            == 0
+        )
+        assert all(p.exists() for p in found)  # a dry run removes nothing
+        assert (
+            f"3 of 7 files to remove, {3 * orphan.stat().st_size / 2**10:.1f} KiB in all" in lines
+        )
+
+        lines.clear()
+        assert (
+            run_cleanup(
+                [],
+                shm_root=shm_dir,
+                dry_run=False,
+                yes=False,
+                include_stopped=False,
+                out=lines.append,
+                ask=lambda _q: "n",
+            )
+            == 0
+        )
+        assert orphan.exists() and "nothing removed" in lines
+
+        assert (
+            run_cleanup(
+                [],
+                shm_root=shm_dir,
+                dry_run=False,
+                yes=True,
+                include_stopped=False,
+                out=lines.append,
+            )
+            == 0
+        )
+        assert not orphan.exists() and not aside.exists() and not nested_orphan.exists()
+        assert kept.exists() and old.exists() and unused.exists() and held.path.exists()
+
+        assert (
+            run_cleanup(
+                [],
+                shm_root=shm_dir,
+                dry_run=False,
+                yes=True,
+                include_stopped=True,
+                out=lines.append,
+            )
+            == 0
+        )
+        assert not kept.exists() and not old.exists()
+        assert unused.exists() and held.path.exists()  # a live daemon's, never removed
+        assert (shm_dir / "agentpark-not-a-tier").exists()
+    finally:
+        held.close()
+        lock.release()
+
+
+def test_a_running_daemons_tier_files_are_never_removed(
+    make_settings: Callable[..., Settings],
+    app_factory: Callable[[Settings], InProcessApp],
+    tmp_path: Path,
+    shm_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings = make_settings(tiers={"disk": {"capacity": 32 * 4096}})
+    running = app_factory(settings)
+    shm_path = settings.tiers.shm.path
+    assert shm_path is not None
+    disk_path = settings.state_dir / "disk-tier.bin"
+    assert read_header(disk_path)["state_dir"] == str(settings.state_dir.resolve())
+    config = tmp_path / "agentpark.toml"
+    config.write_text(f'state_dir = "{settings.state_dir}"\n[tiers.shm]\npath = "{shm_path}"\n')
+    assert (
+        main(
+            [
+                "db",
+                "cleanup",
+                "--config",
+                str(config),
+                "--shm-dir",
+                str(shm_dir),
+                "--yes",
+                "--include-stopped",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "0 of 2 files to remove" in out, out
+    assert shm_path.exists() and disk_path.exists()
+    assert running.runtime.ready.is_set()
