@@ -154,8 +154,9 @@ def _window(since: float, until: float | None) -> tuple[float, float, float]:
     now = time.time()
     start = now + since if since < 0 else since
     end = now if until is None else (now + until if until < 0 else until)
-    if start >= end:
-        raise InvalidRequestError("since must be before until", since=start, until=end)
+    # A window that ends before it starts holds no sample: an empty answer, not an error
+    # (the spec allows any finite since and until).
+    start = min(start, end)
     return now, start, end
 
 
@@ -165,6 +166,8 @@ def _history(
     now, start, end = _window(since, until)
     dashboard = runtime.settings.dashboard
     step_s, samples = runtime.sampler.history(start, end, step, MAX_POINTS)
+    if start >= end:  # a window that ends where (or before) it starts holds nothing
+        samples = []
     return HistoryResponse(
         host=host_label(runtime.settings),
         now=now,

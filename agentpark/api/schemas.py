@@ -99,11 +99,15 @@ class SessionCreate(_Request):
 
 
 class GenerateRequest(_Request):
+    # The spec says what the validator below does: not both prompts in one body.
+    model_config = ConfigDict(json_schema_extra={"not": {"required": ["prompt", "prompt_tokens"]}})
+
     prompt: str | None = Field(None, description="text, encoded by the engine's tokenizer")
     prompt_tokens: list[int] | None = Field(None, description="token ids, instead of prompt")
     max_new_tokens: int = Field(16, ge=1, description="upper bound set by limits.max_new_tokens")
     temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 is greedy")
-    seed: int = Field(0, ge=0, le=2**63 - 1)
+    # 2**53: the largest integer every JSON client (a float64) carries exactly.
+    seed: int = Field(0, ge=0, le=2**53)
     return_logits: bool = Field(
         False, description="include the float32 logits of the next token (base64, little-endian)"
     )

@@ -104,7 +104,10 @@ def list_sessions(
     tenant: TenantDep,
     state: State | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    cursor: Annotated[
+        str | None,
+        Query(description="next_cursor of the previous page", pattern=r"^[0-9]{1,18}$"),
+    ] = None,
 ) -> SessionPage:
     """The tenant's sessions, oldest first, a page at a time."""
     rows = parking.page(tenant, state, limit, _after(cursor))
