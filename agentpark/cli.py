@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -300,7 +301,11 @@ def _parser() -> argparse.ArgumentParser:
     vllm_serve.add_argument(
         "--daemon", help="the agentpark daemon's URL (default: from the config's server section)"
     )
-    vllm_serve.add_argument("--token", help="bearer token the connector sends to the daemon")
+    vllm_serve.add_argument(
+        "--token",
+        help="bearer token (sessions scope) the connector sends to the daemon (default: "
+        "$AGENTPARK_TOKEN; none on a loopback daemon without tokens)",
+    )
     vllm_serve.add_argument(
         "--no-connector", action="store_true", help="plain vLLM, same environment, no connector"
     )
@@ -729,7 +734,7 @@ def _vllm_serve(args: argparse.Namespace) -> int:
     return serve(
         args.model,
         daemon_url=daemon,
-        token=args.token,
+        token=args.token or os.environ.get("AGENTPARK_TOKEN") or None,
         extra_args=args.extra_args,
         dry_run=args.dry_run,
     )

@@ -334,6 +334,7 @@ class HostSampler:
         interval = self.settings.sample_interval_s
         started = time.monotonic()
         ticks = 0
+        failing = False  # an outage (database full, say) is logged once, then its end
         # The first sample is one interval after start, then on a fixed schedule (no
         # drift); a tick that overran skips the slots it missed.
         while not self._stop.wait(max(0.0, started + (ticks + 1) * interval - time.monotonic())):
@@ -341,7 +342,16 @@ class HostSampler:
             try:
                 self.tick()
             except Exception:
-                log.exception("host sample failed; trying again in %.1fs", interval)
+                if not failing:
+                    log.exception(
+                        "host sample failed; trying every %.1fs, logged again once it works",
+                        interval,
+                    )
+                failing = True
+            else:
+                if failing:
+                    log.info("host samples are recorded again")
+                failing = False
             behind = time.monotonic() - (started + (ticks + 1) * interval)
             if behind > 0:
                 ticks += math.ceil(behind / interval)

@@ -318,6 +318,8 @@ class Metrics:
             self._corrupt.discard((event.tenant, event.session_id))
         elif kind == EventKind.LOST:
             self.lost.labels(host, reason).inc()
+            if reason == Reason.TIER_FILE_MISSING:  # a parked copy that cannot be restored
+                self.restore_failures.labels(host, _label(event.from_tier, "unknown")).inc()
         elif kind == EventKind.MOVE:
             src, dst = _label(event.from_tier, "unknown"), _label(event.to_tier, "unknown")
             self.moves.labels(host, kind, src, dst).inc()

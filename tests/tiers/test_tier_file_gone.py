@@ -30,12 +30,16 @@ def _park_in_shm(daemon: Daemon, sid: str) -> dict[str, object]:
     return out
 
 
-def _lost_metric(daemon: Daemon) -> float:
+def _metric(daemon: Daemon, name: str, label: str) -> float:
     text = daemon.client.get("/metrics").text
     for line in text.splitlines():
-        if line.startswith("agentpark_sessions_lost_total") and "tier_file_missing" in line:
+        if line.startswith(name) and label in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def _lost_metric(daemon: Daemon) -> float:
+    return _metric(daemon, "agentpark_sessions_lost_total", "tier_file_missing")
 
 
 def _shm(daemon: Daemon) -> FileTier:
@@ -57,6 +61,8 @@ def test_a_removed_shm_file_is_noticed_on_the_next_tick(
     wait_until(lambda: settled(daemon, "s", "lost"))
     assert "removed" in c.get("/v1/sessions/s").json()["lost_reason"]
     assert _lost_metric(daemon) == 1.0
+    # The alert on restore failures fires too: that parked copy can never be restored.
+    assert _metric(daemon, "agentpark_restore_failures_total", 'tier="shm"') == 1.0
     wait_until(lambda: path.exists() and _shm(daemon).gone is None)
     assert path.stat().st_ino != old_inode
     assert _shm(daemon).used_blocks == 0
