@@ -147,6 +147,11 @@ def test_a_session_restores_after_vllm_restarts_and_after_the_daemon_restarts(
 ) -> None:
     params = _park("restart-1")
     t1, history = run_turns(parking_vllm.base_url, "restart-1", 1, params=params)
+    # The answer comes at the turn's end; the worker's copy is committed a step later.
+    # A vLLM stopped in between loses that park (the daemon's plan expires): wait for it.
+    wait_for(
+        lambda: daemon.get("/v1/sessions/restart-1")["state"] == "parked", 60, "the park commits"
+    )
     parking_vllm.restart()
     t2, history = run_turns(parking_vllm.base_url, "restart-1", 1, params=params, history=history)
     assert _restored(t2[0]) > 0, "after a vLLM restart the turn restores from the pool"
