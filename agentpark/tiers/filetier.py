@@ -164,6 +164,10 @@ class FileTier(SlotTier):
         start) once no slot is in use: the tier is usable and persistent again."""
         if self.used_blocks:
             raise ValueError(f"{self.name} tier: {self.used_blocks} slots still in use")
+        if not self.path.parent.is_dir():
+            # Its whole folder was removed: someone cleaned up on purpose; never make it
+            # again behind their back (the tier stays unavailable until a restart).
+            raise ConfigError(f"{self.name} tier: the folder {self.path.parent} is gone")
         self._unmap()
         self.reattached, self.attach_problem = False, None
         self._map_file(self._open())

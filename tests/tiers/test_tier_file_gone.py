@@ -104,3 +104,18 @@ def test_a_replaced_shm_file_is_noticed_at_the_next_restore(
     tier = _shm(daemon)
     assert tier.gone is None and path.read_bytes()[:8] == b"AGPKTIER"
     assert [p.name for p in Path(path.parent).glob(f"{path.name}.mismatch-*")]  # moved aside
+
+
+def test_a_removed_shm_folder_is_never_made_again(daemon: Daemon) -> None:
+    """Removing the tier's whole folder (a clean-up) loses its sessions as a removed file
+    does, but the daemon does not bring the folder back behind the one who removed it."""
+    import shutil
+
+    _park_in_shm(daemon, "f")
+    folder = _shm(daemon).path.parent
+    shutil.rmtree(folder)
+    wait_until(lambda: settled(daemon, "f", "lost"))
+    daemon.runtime.parking.check_tier_files()  # a tick more: it would re-create it here
+    assert not folder.exists()
+    assert _shm(daemon).gone is not None
+    folder.mkdir()  # for the fixture's drain at shutdown
