@@ -246,3 +246,32 @@ def test_a_parked_copy_past_its_ttl_is_dropped_counted_and_the_next_turn_recompu
 
 def test_the_ttl_is_off_by_default(tmp_path: Path) -> None:
     assert Settings(state_dir=tmp_path).policy.parked_ttl_s == 0.0
+
+
+def test_a_copy_on_disk_survives_a_daemon_restart_and_is_promoted_after_it(
+    daemon: PolicyDaemon,
+) -> None:
+    _, worker = _register(daemon)
+    tokens = list(range(11, 11 + 2 * BLOCK))
+    started = time.time()
+    _, rows = _park(daemon, worker, "a", tokens, seed=4)
+    _demoted(daemon, "a", started)
+    daemon.client.close()
+    _close(daemon.service)
+    daemon.service, daemon.policy, daemon.metrics = _start(daemon.settings, daemon.store)
+    daemon.client = ControlClient(None, socket_path=str(daemon.service.socket_path))
+    row = daemon.service.driver.core.get(TENANT, "a")
+    assert row.state == State.PARKED and row.tier == Tier.DISK  # the disk file re-attached
+    _, worker = _register(daemon)
+    turn2 = [*tokens, 1]
+    assert (
+        daemon.call("match", turn2, tenant=TENANT, session_id="a", num_computed=0)["tokens"]
+        == 2 * BLOCK
+    )
+    load = daemon.call(
+        "begin_load", turn2, tenant=TENANT, session_id="a", start_block=0, block_ids=[1, 2]
+    )
+    assert load["ok"], load
+    for arr, parked in zip(worker.arrays, rows, strict=True):
+        assert np.array_equal(arr[load["slots"]], parked)
+    assert worker.checksum(load["parked_slots"]) == load["checksum"]
