@@ -275,3 +275,23 @@ def test_a_copy_on_disk_survives_a_daemon_restart_and_is_promoted_after_it(
     for arr, parked in zip(worker.arrays, rows, strict=True):
         assert np.array_equal(arr[load["slots"]], parked)
     assert worker.checksum(load["parked_slots"]) == load["checksum"]
+
+
+def test_another_layout_moves_the_disk_file_aside_and_its_sessions_are_lost(
+    daemon: PolicyDaemon,
+) -> None:
+    from agentpark.connectors.protocol import Layout
+    from tests.connectors.test_control import LAYOUT
+
+    _, worker = _register(daemon)
+    started = time.time()
+    _park(daemon, worker, "a", list(range(2 * BLOCK)))
+    _demoted(daemon, "a", started)
+    disk_path = _tier(daemon, "disk").path
+    other = Layout(LAYOUT.model_uid + "-other", BLOCK, 64, LAYOUT.arrays, LAYOUT.kv_dtype)
+    _register(daemon, other)
+    row = daemon.service.driver.core.get(TENANT, "a")
+    assert row.state == State.LOST and "layout changed" in (row.lost_reason or "")
+    assert list(disk_path.parent.glob(disk_path.name + ".mismatch-*")), "moved, not deleted"
+    assert _tier(daemon, "disk").used_blocks == 0
+    assert _tier(daemon, "disk").model_uid == other.model_uid
