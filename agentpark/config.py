@@ -141,6 +141,13 @@ class PolicySettings(_Section):
         0.5, ge=0.0, le=1.0, description="learned pause per tool: this quantile of the window"
     )
     tool_window: int = Field(64, ge=1, le=100_000, description="observations kept per tool")
+    parked_ttl_s: float = Field(
+        0.0,
+        ge=0.0,
+        le=31_536_000.0,
+        description="drop a parked copy untouched this long (lost, recomputed on the next "
+        "turn); 0: never",
+    )
     tools: dict[str, ToolPolicySettings] = Field(default_factory=dict)
 
 

@@ -92,6 +92,7 @@ class Reason(StrEnum):
     BREAK_EVEN = "break_even"  # kept: the pause is too short to be worth parking
     CHECKSUM = "checksum"
     TIER_FILE_MISSING = "tier_file_missing"  # a tier file removed or replaced while running
+    TTL = "ttl"  # a parked copy untouched for policy.parked_ttl_s was dropped
 
 
 class EventKind(StrEnum):

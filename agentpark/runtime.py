@@ -199,10 +199,12 @@ class Runtime:
     def warm_up(self) -> None:
         """Compile the engine's and the restore path's shapes, then report ready (/readyz)."""
         if self.engine is None or self.driver is None:
-            # vLLM mode: the engine is vLLM's; the background loop (idle, pressure, demotion,
-            # prefetch) acts on blocks the daemon cannot reach, so only the advisor runs.
+            # vLLM mode: the engine is vLLM's. The loop runs only its rules on parked copies
+            # (demotion to disk, TTL); idle, pressure and prefetch would act on vLLM's
+            # blocks, which the daemon cannot reach (PolicyService.engine_rules is False).
             self.ready.set()
             log.info("serving vLLM connectors on %s; ready", self.vllm and self.vllm.socket_path)
+            self.policy.start()
             return
         try:
             self.engine.warmup()

@@ -9,6 +9,12 @@ layout, so the tier re-attaches at start and recovery keeps its parked sessions)
 
 A registration with another layout (another model, dtype or block size) refuses the old
 file loudly: it is moved aside (never deleted), its sessions are LOST, a new file is made.
+
+With a disk tier configured (``tiers.disk.capacity`` > 0) the daemon also owns a disk
+file in the same layout: the policy loop demotes copies parked in the pool longer than
+``policy.demote_after_s.shm`` to it (a host-to-host copy by the core's mover), and a
+session's next turn promotes its copy back into the pool inside ``match``, before the
+answer offers it: the worker only ever maps the pool file.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from agentpark.errors import AgentparkError, CapacityError, ConfigError, Session
 from agentpark.parking import CoreOptions, ExternalDriver, external_core
 from agentpark.parking.external import StorePlan
 from agentpark.store.repository import SessionStore
+from agentpark.tiers.base import HostTier
+from agentpark.tiers.disk import DiskTier
 from agentpark.tiers.filetier import FileTier, read_header
 from agentpark.tiers.shm import ShmTier, default_shm_path
 
@@ -74,12 +82,14 @@ class VllmService:
         self.degraded: collections.Counter[str] = collections.Counter()
         self._sinks: list[DegradedSink] = []
         self.tier: FileTier | None = None
+        self.disk: DiskTier | None = None
         self.pool_id: str | None = None
         geometry, model_uid = _UNREGISTERED, "vllm: no engine registered yet"
         if self.pool_path.exists():
             try:
                 geometry, model_uid = self._header_geometry()
                 self.tier = ShmTier(self.pool_path, geometry, self.capacity, model_uid)
+                self.disk = self._disk_tier(geometry, model_uid)
                 self.pool_id = self.pool_file(self.tier).pool_id
             except (ValueError, KeyError, TypeError, OSError) as exc:
                 log.error(
@@ -88,7 +98,7 @@ class VllmService:
                     exc,
                 )
                 geometry, model_uid = _UNREGISTERED, "vllm: no engine registered yet"
-        tiers = [self.tier] if self.tier is not None else []
+        tiers = self._tiers()
         self.driver: ExternalDriver = external_core(
             store, geometry, model_uid, tiers, options=options
         )
@@ -98,6 +108,18 @@ class VllmService:
         self._reaper = threading.Thread(
             target=self._reap, name="agentpark-vllm-reaper", daemon=True
         )
+
+    def _disk_tier(self, geometry: PoolGeometry, model_uid: str) -> DiskTier | None:
+        """The disk tier in the engine's layout, or None when ``tiers.disk`` is off."""
+        cfg = self.settings.tiers.disk
+        if not cfg.capacity:
+            return None
+        path = cfg.path or self.settings.state_dir / "disk-tier.bin"
+        return DiskTier(path, geometry, int(cfg.capacity), model_uid, self.settings.state_dir)
+
+    def _tiers(self) -> list[HostTier]:
+        """The pool, then the disk tier: parks go to the pool, demotion to disk."""
+        return [t for t in (self.tier, self.disk) if t is not None]
 
     def _header_geometry(self) -> tuple[PoolGeometry, str]:
         header = read_header(self.pool_path)
@@ -169,9 +191,12 @@ class VllmService:
                         f"{self.pool_path.name}.mismatch-{os.getpid()}-{id(tier)}"
                     )
                     self.pool_path.rename(aside)
+                if self.disk is not None:
+                    self.disk.close()  # its header names the old layout: moved aside below
                 tier = ShmTier(self.pool_path, geometry, self.capacity, layout.model_uid)
                 self.tier = tier
-                self.driver.attach(geometry, layout.model_uid, [tier])
+                self.disk = self._disk_tier(geometry, layout.model_uid)
+                self.driver.attach(geometry, layout.model_uid, self._tiers())
             assert tier is not None
             pool = self.pool_file(tier)
             self.pool_id = pool.pool_id
@@ -245,8 +270,12 @@ class VllmService:
 
     def _match(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
         tokens = decode_tokens(blob)
-        n = self.driver.match(
-            str(message["tenant"]), str(message["session_id"]), tokens, int(message["num_computed"])
+        n = self.driver.promote_and_match(
+            str(message["tenant"]),
+            str(message["session_id"]),
+            tokens,
+            int(message["num_computed"]),
+            Tier.SHM,
         )
         return {"tokens": n}
 
@@ -257,6 +286,7 @@ class VllmService:
             decode_tokens(blob).tolist(),
             int(message["start_block"]),
             [int(b) for b in message["block_ids"]],
+            only_tier=Tier.SHM,  # the worker maps the pool file only
         )
         return {
             "load_id": plan.load_id,

@@ -37,6 +37,7 @@ in another process copies them itself between its tensors and the shared tier fi
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -63,6 +64,8 @@ __all__ = [
     "StorePlan",
     "external_core",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -373,14 +376,53 @@ class ExternalDriver:
         session_id: str,
         tokens: Sequence[int] | np.ndarray,
         num_computed: int = 0,
+        only_tier: str | None = None,
     ) -> int:
         """Tokens beyond ``num_computed`` (which the engine has itself, whole blocks) that
-        the session's parked copy can provide, in whole blocks; 0 for none."""
+        the session's parked copy can provide, in whole blocks; 0 for none.
+
+        ``only_tier``: only a copy in that tier counts (the one the engine loads from).
+        """
         live = self.core.registry.find((tenant, session_id))
         if live is None or live.row.state != State.PARKED:
             return 0
+        if only_tier is not None and live.row.tier != only_tier:
+            return 0
         matched = self._matched(live.tokens, tokens)
         return matched - num_computed if matched > num_computed else 0
+
+    def promote_and_match(
+        self,
+        tenant: str,
+        session_id: str,
+        tokens: Sequence[int] | np.ndarray,
+        num_computed: int,
+        tier: str,
+    ) -> int:
+        """:meth:`match`, after moving a usable copy parked in another tier (disk, where
+        demotion put it) into ``tier``, the one the engine loads from.
+
+        The move is the core's tier-to-tier copy (checksum verified, a ``move`` event),
+        done before the answer, under the session's lock. It fails (0 tokens, the engine
+        computes) when ``tier`` has no room, the copy is damaged or the session is busy.
+        """
+        if self.match(tenant, session_id, tokens, num_computed) == 0:
+            return 0
+        live = self.core.registry.find((tenant, session_id))
+        if live is not None and live.row.tier not in (None, tier):
+            try:
+                self.core.move(tenant, session_id, tier)
+            except AgentparkError as exc:
+                log.info(
+                    "session %s/%s: not promoted from %s into %s: %s",
+                    tenant,
+                    session_id,
+                    live.row.tier,
+                    tier,
+                    exc.message,
+                )
+                return 0
+        return self.match(tenant, session_id, tokens, num_computed, only_tier=tier)
 
     def begin_load(
         self,
@@ -389,10 +431,12 @@ class ExternalDriver:
         tokens: Sequence[int],
         start_block: int,
         block_ids: Sequence[int],
+        only_tier: str | None = None,
     ) -> LoadPlan:
         """Take the parked copy for a load of its blocks ``start_block ..`` into
         ``block_ids[start_block:]`` (``block_ids``: the request's blocks from its first);
-        the session is RESUMING and held until :meth:`load_done`.
+        the session is RESUMING and held until :meth:`load_done`. ``only_tier``: the copy
+        must be in that tier (the only one the engine reads).
 
         InvalidStateError (or SessionBusyError) when the copy cannot serve that load now.
         """
@@ -405,6 +449,11 @@ class ExternalDriver:
             row = live.row
             if row.state != State.PARKED or row.tier is None:
                 raise InvalidStateError(f"the session is {row.state}, not parked", state=row.state)
+            if only_tier is not None and row.tier != only_tier:
+                raise InvalidStateError(
+                    f"the parked copy is in the {row.tier} tier, not {only_tier}",
+                    state=row.state,
+                )
             end = len(block_ids)
             if (
                 not 0 <= start_block < end

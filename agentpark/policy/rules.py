@@ -15,6 +15,7 @@ from agentpark.enums import PARKING_TIERS, State
 
 __all__ = [
     "Demote",
+    "Drop",
     "HostView",
     "Park",
     "PauseDecision",
@@ -26,6 +27,7 @@ __all__ = [
     "pause_decision",
     "prefetch_rule",
     "pressure_rule",
+    "ttl_rule",
 ]
 
 TIER_ORDER: tuple[str, ...] = tuple(PARKING_TIERS)
@@ -70,6 +72,14 @@ class Prefetch:
 class Demote:
     key: tuple[str, str]
     to_tier: str
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Free a parked copy nobody came back for (``policy.parked_ttl_s``): the session is
+    lost and its next turn recomputes from its tokens."""
+
+    key: tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -146,6 +156,17 @@ def demote_rule(now: float, s: SessionView, host: HostView, cfg: PolicySettings)
         return None
     lower = [t for t in TIER_ORDER[TIER_ORDER.index(s.tier) + 1 :] if t in host.tiers]
     return Demote(s.key, lower[0]) if lower else None
+
+
+def ttl_rule(now: float, s: SessionView, cfg: PolicySettings) -> Drop | None:
+    """Drop a parked copy whose session has been untouched for ``parked_ttl_s``.
+
+    The age is from the session's last activity (its last turn, generate or restore), not
+    from its last move between tiers: a demotion does not make a copy younger.
+    """
+    if cfg.parked_ttl_s <= 0 or s.state != State.PARKED or s.busy:
+        return None
+    return Drop(s.key) if now - s.last_active_at >= cfg.parked_ttl_s else None
 
 
 def pause_decision(

@@ -2,10 +2,17 @@
 session core.
 
 Rules (agentpark.policy.rules) decide; this module only gathers the snapshot, carries out
-the actions with a reason (idle, pressure, prefetch, demote), advises the core on
+the actions with a reason (idle, pressure, prefetch, demote, ttl), advises the core on
 each explicit pause (keep or park, and why), and owns the current policy
 so SIGHUP or POST /v1/admin/reload can swap it without a restart. Every action shows up
 as an event with its reason, written by the core.
+
+Which rules run depends on whether the core can reach the engine's pool
+(``engine_rules``): idle, pressure and prefetch move KV between the engine's pool and a
+tier, so they run only where the core copies those blocks itself (the reference engine).
+For an engine that copies its own blocks (vLLM through the connector) only the rules on
+parked copies run: demotion between tiers (a host-to-host copy the daemon does itself)
+and the TTL; the advisor (break-even, learned tool pauses) decides at every turn end.
 """
 
 from __future__ import annotations
@@ -15,11 +22,12 @@ import threading
 import time
 
 from agentpark.config import PolicySettings
-from agentpark.enums import Reason
+from agentpark.enums import EventKind, Reason, State
 from agentpark.errors import AgentparkError, StorageUnavailableError
 from agentpark.parking import PauseAdvice, PauseOrder, SessionCore
 from agentpark.policy.rules import (
     Demote,
+    Drop,
     HostView,
     Park,
     Prefetch,
@@ -29,6 +37,7 @@ from agentpark.policy.rules import (
     pause_decision,
     prefetch_rule,
     pressure_rule,
+    ttl_rule,
 )
 from agentpark.policy.tools import ToolStats
 from agentpark.store.repository import SessionStore
@@ -37,15 +46,27 @@ __all__ = ["PolicyService"]
 
 log = logging.getLogger(__name__)
 
-Action = Park | Prefetch | Demote
+Action = Park | Prefetch | Demote | Drop
 
 
 class PolicyService:
     """Advises the core on every explicit pause and runs the rules' loop."""
 
-    def __init__(self, core: SessionCore, store: SessionStore, config: PolicySettings) -> None:
+    def __init__(
+        self,
+        core: SessionCore,
+        store: SessionStore,
+        config: PolicySettings,
+        *,
+        engine_rules: bool | None = None,
+    ) -> None:
         self.core = core
         self.config = config
+        # Idle, pressure and prefetch act on the engine's pool: only where the core can
+        # reach it (default: it can when its host hands out an endpoint to copy with).
+        self.engine_rules = (
+            core.host.endpoint() is not None if engine_rules is None else engine_rules
+        )
         self.tools = ToolStats(config.tool_window)
         self.tools.load(store.tool_returns(config.tool_window))
         core.add_listener(self.tools.on_event)
@@ -103,15 +124,17 @@ class PolicyService:
             )
             for row, busy in self.core.sessions_with_kv()  # no KV: nothing for a rule to do
         ]
-        actions: list[Action] = list(pressure_rule(views, host, cfg))
+        engine = self.engine_rules
+        actions: list[Action] = list(pressure_rule(views, host, cfg)) if engine else []
         chosen = {a.key for a in actions}
         for view in views:
             if view.key in chosen:
                 continue
             action: Action | None = (
-                idle_rule(now, view, cfg)
+                ttl_rule(now, view, cfg)
+                or (idle_rule(now, view, cfg) if engine else None)
                 or demote_rule(now, view, host, cfg)
-                or prefetch_rule(now, view, host, cfg)
+                or (prefetch_rule(now, view, host, cfg) if engine else None)
             )
             if action is not None:
                 actions.append(action)
@@ -121,10 +144,14 @@ class PolicyService:
         """Plan and carry out; an action that fails (busy, full) is retried next tick."""
         done: list[Action] = []
         self.core.check_tier_files()  # a file removed or replaced: its sessions are lost
-        for action in self.plan(time.time() if now is None else now):
+        at = time.time() if now is None else now
+        for action in self.plan(at):
             tenant, session_id = action.key
             try:
-                if isinstance(action, Park):
+                if isinstance(action, Drop):
+                    if not self.drop_expired(tenant, session_id, at):
+                        continue
+                elif isinstance(action, Park):
                     self.core.pause(tenant, session_id, PauseOrder(reason=action.reason))
                 elif isinstance(action, Demote):
                     self.core.move(tenant, session_id, action.to_tier, reason=Reason.DEMOTE)
@@ -136,6 +163,37 @@ class PolicyService:
             except AgentparkError as exc:
                 log.info("policy: %s of %s/%s not done: %s", action, tenant, session_id, exc)
         return done
+
+    def drop_expired(self, tenant: str, session_id: str, now: float) -> bool:
+        """Drop a parked copy older than ``parked_ttl_s``: its slots are freed, the session
+        is LOST (its next turn recomputes from its tokens), a ``lost`` event with reason
+        ``ttl``. False when the session changed meanwhile (it came back, or went)."""
+        core, ttl = self.core, self.config.parked_ttl_s
+        live = core.registry.find((tenant, session_id))
+        if live is None or ttl <= 0:
+            return False
+        with core.registry.operation(live, "expire", background=True):
+            row = live.row
+            if row.state != State.PARKED or now - row.last_active_at < ttl:
+                return False
+            tier = row.tier
+            why = f"parked copy untouched for {ttl:g}s (policy.parked_ttl_s): dropped"
+            event = core.events.event(
+                row,
+                EventKind.LOST,
+                time.time(),
+                from_state=State.PARKED,
+                to_state=State.LOST,
+                from_tier=tier,
+                reason=Reason.TTL,
+                nbytes=row.kv_bytes,
+                detail=why,
+            )
+            core.mark_lost(live, why)
+            core.events.commit(row, event)  # refused: the row is back, nothing was freed
+            core.free_slots(live, tier)
+        log.info("policy: %s/%s: %s", tenant, session_id, why)
+        return True
 
     def start(self) -> None:
         """Run the loop in a thread (a disabled policy starts it on reload instead)."""

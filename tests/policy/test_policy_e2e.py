@@ -190,3 +190,25 @@ def test_sighup_reloads_the_policy_of_a_running_daemon(
     daemon.proc.send_signal(signal.SIGHUP)
     wait_until(lambda: daemon.client.get("/v1/admin/policy").json()["policy"]["tick_s"] == 0.25)
     assert daemon.proc.poll() is None  # reloaded, still serving
+
+
+def test_a_parked_copy_past_its_ttl_is_dropped_and_recomputed_on_resume(
+    make_settings: Callable[..., Settings], daemon_factory: Callable[[Settings], Daemon]
+) -> None:
+    # The loop runs on the real clock (never reaching the ttl); the test ticks it ahead.
+    daemon = daemon_factory(make_settings(policy={"parked_ttl_s": 3600}))
+    c = daemon.client
+    _start(c, "old")
+    assert c.post("/v1/sessions/old/pause", json={"force": True}).json()["state"] == "parked"
+    policy = daemon.runtime.policy
+    assert policy.engine_rules is True  # the reference engine: every rule runs
+    assert policy.tick(time.time() + 3601) != []
+    session = c.get("/v1/sessions/old").json()
+    assert session["state"] == "lost" and "parked_ttl_s" in session["lost_reason"]
+    lost = _events(c, "old")[0]
+    assert (lost["kind"], lost["reason"]) == ("lost", "ttl")
+    assert c.get("/v1/host").json()["tiers"]["dram"]["used_blocks"] == 0
+    metrics = c.get("/metrics").text
+    assert "agentpark_sessions_lost_total{host=" in metrics and 'reason="ttl"} 1.0' in metrics
+    resumed = c.post("/v1/sessions/old/resume", json={}).json()
+    assert resumed["restored_from"] == "recompute" and resumed["state"] == "active"

@@ -9,6 +9,7 @@ import pytest
 from agentpark.config import PolicySettings
 from agentpark.policy.rules import (
     Demote,
+    Drop,
     HostView,
     Park,
     Prefetch,
@@ -18,6 +19,7 @@ from agentpark.policy.rules import (
     pause_decision,
     prefetch_rule,
     pressure_rule,
+    ttl_rule,
 )
 
 CFG = PolicySettings(
@@ -153,3 +155,23 @@ def test_break_even_pause_decision(
     decision = pause_decision(expected_s, "test", kv_bytes, host, CFG)
     assert decision.park is park
     assert why_has in decision.why
+
+
+TTL = CFG.model_copy(update={"parked_ttl_s": 600.0})
+
+
+@pytest.mark.parametrize(
+    ("now", "session", "cfg", "expected"),
+    [
+        (1600.0, view(state="parked", tier="shm"), TTL, Drop(("t", "s"))),  # exactly the ttl
+        (1599.0, view(state="parked", tier="disk"), TTL, None),  # not yet
+        (9e9, view(state="parked", tier="dram"), CFG, None),  # 0: off
+        (9e9, view(state="parked", tier="shm", busy=True), TTL, None),  # an operation has it
+        (9e9, view(state="active"), TTL, None),  # KV in the engine: not the ttl's
+        (9e9, view(state="lost", kv_blocks=0), TTL, None),  # nothing left to drop
+        # a demotion moved it late: the age is still from its last activity
+        (1700.0, view(state="parked", tier="disk", tier_since=1650.0), TTL, Drop(("t", "s"))),
+    ],
+)  # fmt: skip
+def test_ttl_rule(now: float, session: SessionView, cfg: PolicySettings, expected: Any) -> None:
+    assert ttl_rule(now, session, cfg) == expected
