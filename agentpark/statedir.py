@@ -36,19 +36,28 @@ def private_file(path: Path, *, create: bool = True) -> None:
     """Create ``path`` empty if missing (0600, whatever the umask), else tighten it to 0600.
 
     ``create=False``: only tighten a file that exists; a missing one is left missing.
+    An existing file is never opened: closing any descriptor of a file drops every POSIX
+    lock this process holds on it, and SQLite's locks on a live database are exactly
+    that (its next write then fails with "disk I/O error").
     """
     try:
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+        st = os.stat(path)
     except FileNotFoundError:
-        if create:
-            raise
-        return
-    try:
-        st = os.fstat(fd)
-        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
+        if not create:
+            return
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # made in the instant since: tighten it as any other
+            st = os.stat(path)
+        else:
+            try:
+                if os.fstat(fd).st_mode & 0o077:  # O_CREAT's mode is masked, never widened
+                    os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
+            return
+    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+        os.chmod(path, 0o600)
 
 
 def _read_pid(fd: int) -> str:
