@@ -246,22 +246,28 @@ class CoreBase:
 
     def lose_copy(self, live: LiveSession, tier_name: str, why: str) -> None:
         """The session's parked copy is gone with its tier file: LOST (the caller holds it)."""
+        self.drop_copy(live, Reason.TIER_FILE_MISSING, f"the {tier_name} tier file is gone: {why}")
+
+    def drop_copy(self, live: LiveSession, reason: Reason, why: str) -> None:
+        """The session's parked copy is given up: LOST with ``reason``, recomputed from its
+        tokens on its next turn; its tier slots are freed after the commit (caller holds
+        the session)."""
         row = live.row
-        reason = f"the {tier_name} tier file is gone: {why}"
+        tier = row.tier
         event = self.events.event(
             row,
             EventKind.LOST,
             time.time(),
             from_state=row.state,
             to_state=State.LOST,
-            from_tier=tier_name,
-            reason=Reason.TIER_FILE_MISSING,
+            from_tier=tier,
+            reason=reason,
             nbytes=row.kv_bytes,
-            detail=reason,
+            detail=why,
         )
-        self.mark_lost(live, reason)
-        self.events.commit(row, event)
-        self.free_slots(live, tier_name)
+        self.mark_lost(live, why)
+        self.events.commit(row, event)  # refused: the row is back, nothing was freed
+        self.free_slots(live, tier)
 
     def check_tier_files(self) -> int:
         """Notice tier files removed or replaced (policy tick); returns sessions lost.

@@ -270,7 +270,7 @@ class ExternalDriver:
             advice = core._advise(live.row, order)
             if not advice.park or not live.block_table:
                 why = advice.why if live.block_table else "no whole block to park"
-                self._keep(live, tool, advice.expected_s, why, pending)
+                self.core.keep_locked(live, tool, advice.expected_s, why, pending)
                 core.registry.release(live)
                 return PauseResult(live.row, Decision.KEPT, why, advice.expected_s, 0.0)
             dst, slots = core.mover.reserve(live.key, candidates, len(live.block_table))
@@ -294,31 +294,6 @@ class ExternalDriver:
         with self._plans_lock:
             self._stores[plan.store_id] = plan
         return plan
-
-    def _keep(
-        self,
-        live: LiveSession,
-        tool: str | None,
-        expected_s: float | None,
-        why: str,
-        prior: Sequence[EventRow],
-    ) -> None:
-        """The core's keep (KV stays in the engine), committed with the turn's events."""
-        row = live.row
-        now = time.time()
-        event = self.core.events.event(
-            row,
-            EventKind.KEEP,
-            now,
-            from_state=State.ACTIVE,
-            to_state=State.ACTIVE,
-            reason=Reason.BREAK_EVEN,
-            nbytes=row.kv_bytes,
-            detail=why,
-        )
-        row.paused_at, row.tool = now, tool
-        row.expected_resume_at = None if expected_s is None else now + expected_s
-        self.core.events.commit(row, *prior, event)
 
     def complete_store(
         self, store_id: int, ok: bool, checksum: str | None, detail: str | None = None

@@ -175,9 +175,17 @@ class Pausing(CoreBase):
         self.events.commit(row, *prior, event)
 
     def keep_locked(
-        self, live: LiveSession, tool: str | None, expected_resume_s: float | None, why: str
+        self,
+        live: LiveSession,
+        tool: str | None,
+        expected_resume_s: float | None,
+        why: str,
+        prior: Sequence[EventRow] = (),
     ) -> None:
         """Record a pause the advisor decided not to park: the KV stays in the pool.
+
+        ``prior``: events committed in the same write, before the keep (an external
+        engine's turn and tool return).
 
         The session is marked as waiting on its tool (paused_at, tool, expected resume),
         so the tool's real duration is learned when it returns, and the idle and pressure
@@ -197,7 +205,7 @@ class Pausing(CoreBase):
         )
         row.paused_at, row.tool = now, tool
         row.expected_resume_at = None if expected_resume_s is None else now + expected_resume_s
-        self.events.commit(row, event)
+        self.events.commit(row, *prior, event)
 
     def move(
         self, tenant: str, session_id: str, tier: str, reason: str = Reason.EXPLICIT

@@ -22,7 +22,7 @@ import threading
 import time
 
 from agentpark.config import PolicySettings
-from agentpark.enums import EventKind, Reason, State
+from agentpark.enums import Reason, State
 from agentpark.errors import AgentparkError, StorageUnavailableError
 from agentpark.parking import PauseAdvice, PauseOrder, SessionCore
 from agentpark.policy.rules import (
@@ -176,22 +176,8 @@ class PolicyService:
             row = live.row
             if row.state != State.PARKED or now - row.last_active_at < ttl:
                 return False
-            tier = row.tier
             why = f"parked copy untouched for {ttl:g}s (policy.parked_ttl_s): dropped"
-            event = core.events.event(
-                row,
-                EventKind.LOST,
-                time.time(),
-                from_state=State.PARKED,
-                to_state=State.LOST,
-                from_tier=tier,
-                reason=Reason.TTL,
-                nbytes=row.kv_bytes,
-                detail=why,
-            )
-            core.mark_lost(live, why)
-            core.events.commit(row, event)  # refused: the row is back, nothing was freed
-            core.free_slots(live, tier)
+            core.drop_copy(live, Reason.TTL, why)
         log.info("policy: %s/%s: %s", tenant, session_id, why)
         return True
 
