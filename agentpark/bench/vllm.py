@@ -448,6 +448,35 @@ def _differs(run: RunResult, reference: RunResult) -> tuple[int, int]:
     return tokens, logprobs
 
 
+def _restored(turn: TurnResult) -> int:
+    """Tokens agentpark restored for this turn (0 without a connector)."""
+    answer = (turn.transfer or {}).get("agentpark") or {}
+    restored = answer.get("restored_tokens", 0)
+    return restored if isinstance(restored, int) else 0
+
+
+def _logprob_breakdown(run: RunResult, reference: RunResult) -> dict[str, tuple[int, int]]:
+    """Turns whose logprobs differ from the reference's, out of how many, by kind: first
+    turns (nothing cached or restored in either run: a difference there is the servers'
+    own scheduling, not a parked copy), turns with restored blocks, the other later turns."""
+    ref = {(t.agent, t.turn): t for t in reference.turns}
+    counts = {"first turns": [0, 0], "restored turns": [0, 0], "other turns": [0, 0]}
+    for turn in run.turns:
+        other = ref.get((turn.agent, turn.turn))
+        if other is None or turn.error or other.error:
+            continue
+        kind = (
+            "first turns"
+            if turn.turn == 0
+            else "restored turns"
+            if _restored(turn)
+            else "other turns"
+        )
+        counts[kind][0] += turn.logprobs != other.logprobs
+        counts[kind][1] += 1
+    return {kind: (n, of) for kind, (n, of) in counts.items()}
+
+
 def _quantile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -508,6 +537,16 @@ def _print(results: list[RunResult], spec: VllmBenchSpec, blocks: int) -> None:
             f"agentpark vs plain: {prefill:.2f}x fewer prefill tokens (target >= 2), "
             f"{ttft:.2f}x lower p50 TTFT after a tool (target >= 1.5)"
         )
+    if reference is not None:
+        for run in results:
+            if run is reference:
+                continue
+            parts = ", ".join(
+                f"{kind} {n} of {of}"
+                for kind, (n, of) in _logprob_breakdown(run, reference).items()
+                if of
+            )
+            out.print(f"{run.name}: turns whose logprobs differ from the reference: {parts}")
     for run in results:
         for turn in run.errors()[:3]:
             out.print(f"{run.name}: agent {turn.agent} turn {turn.turn} failed: {turn.error}")

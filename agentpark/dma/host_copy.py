@@ -17,8 +17,8 @@ Copies go in chunks of at most ``chunk_bytes``, each under the engine lock and t
 let go between chunks, so other sessions keep decoding while a large session moves: the
 bytes in flight at any moment are bounded by one chunk.
 
-Checksum (``digest=True``, see agentpark.integrity): the pause copies a 1 MiB piece into the
-tier and hashes it from the tier right away, while it is in L2; the restore hashes an 8 MiB
+Checksum (``digest=True``, see agentpark.integrity): the pause hashes a 1 MiB piece of the
+pool and then copies it into the tier, reading it from L2; the restore hashes an 8 MiB
 span of the tier and then writes it into the pool (from L3), or, with ``copy_threads`` > 1,
 hashes it on the workers while this thread writes it. One thread cannot hide the hash: it
 costs its compute time from cache (xxh3 ~4x memcpy speed there), about 0.8-0.85x memcpy
@@ -419,7 +419,11 @@ def _gather(
     """Copy positions ``lo..hi`` of a chunk from the pool views into the tier buffers.
 
     ``k`` > 0: piece by piece (``lo`` on a piece boundary), each pool array's rows of a
-    piece hashed right after they are written; returns the piece digests in order.
+    piece hashed from the pool just before they are copied, so the copy reads them from
+    cache; returns the piece digests in order. (Hashing the tier's rows after the copy
+    instead measured 0.72-0.76x memcpy against 0.85-0.93x this way: the copy's stores
+    evict what the hash would have read.) The digest is the same either way: the same
+    bytes in the same order.
     """
     if not k:
         for pos, slot, n in contiguous_runs(slots[lo:hi]):
@@ -429,12 +433,14 @@ def _gather(
         return []
     digests: list[bytes] = []
     for p in range(lo, hi, k):
-        runs = contiguous_runs(slots[p : min(p + k, hi)])
+        q = min(p + k, hi)
+        runs = contiguous_runs(slots[p:q])
+        sources = contiguous_runs(src_ids[p:q].tolist())
         for view, buf in zip(views, buffers, strict=True):
+            digests.append(piece_digest(view, sources))
             for pos, slot, n in runs:
                 ids = src_ids[p + pos : p + pos + n]
                 np.take(view, ids, axis=0, out=buf[slot : slot + n], mode="clip")
-            digests.append(piece_digest(buf, runs))
     return digests
 
 

@@ -11,6 +11,7 @@ from agentpark.bench.vllm import (
     TurnResult,
     VllmBenchSpec,
     _differs,
+    _logprob_breakdown,
     _print,
     _quantile,
 )
@@ -55,6 +56,32 @@ def test_differs_counts_tokens_and_logprobs_separately() -> None:
     assert _differs(rounded, reference) == (1, 1)
 
 
+def test_logprob_differences_are_split_into_first_restored_and_other_turns() -> None:
+    restored = {"agentpark": {"decision": "parked", "restored_tokens": 256}}
+    reference = RunResult(
+        "reference",
+        1.0,
+        [_turn(a, t, ["x"], [-1.0]) for a in range(2) for t in range(3)],
+    )
+    parked = RunResult(
+        "agentpark",
+        1.0,
+        [
+            _turn(0, 0, ["x"], [-1.5]),  # a first turn differs: the servers' scheduling
+            _turn(1, 0, ["x"], [-1.0]),
+            _turn(0, 1, ["x"], [-1.0], transfer=restored),
+            _turn(1, 1, ["x"], [-0.9], transfer=restored),
+            _turn(0, 2, ["x"], [-0.9], transfer={"agentpark": {"restored_tokens": 0}}),
+            _turn(1, 2, ["x"], [-1.0], error="boom"),  # not compared
+        ],
+    )
+    assert _logprob_breakdown(parked, reference) == {
+        "first turns": (1, 2),
+        "restored turns": (1, 2),
+        "other turns": (1, 1),
+    }
+
+
 def test_quantile_of_nothing_is_nan() -> None:
     assert _quantile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert _quantile([1.0, 2.0], 0.99) == 2.0
@@ -81,6 +108,7 @@ def test_table_shows_every_run_and_the_ratios(capsys: pytest.CaptureFixture[str]
     # prefill 2100 / 1100 and TTFT 0.8 / 0.2 after the tool.
     assert "1.91x fewer prefill tokens" in out
     assert "4.00x lower p50 TTFT" in out
+    assert "agentpark: turns whose logprobs differ from the reference: first turns 0 of 1" in out
 
 
 def test_unknown_runs_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
