@@ -48,6 +48,7 @@ import numpy as np
 
 from agentpark.blocks import PoolGeometry, check_copy, contiguous_runs, paired_runs
 from agentpark.dma.hash_thread import HashJob, PieceHasher
+from agentpark.dma.in_place import HeldPool, hold
 from agentpark.engine.base import EngineAdapter
 from agentpark.errors import TransferError
 from agentpark.integrity import combine, piece_blocks, piece_digest
@@ -100,6 +101,7 @@ class HostCopyTransfer:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         copy_threads: int = 1,
         hash_thread: bool = False,
+        in_place: bool = True,
     ) -> None:
         if not 1 <= copy_threads <= MAX_COPY_THREADS:
             raise ValueError(f"copy_threads must be 1..{MAX_COPY_THREADS}, got {copy_threads}")
@@ -113,6 +115,11 @@ class HostCopyTransfer:
         # Called between chunks, outside the engine lock: progress bars, and tests that
         # need a copy held open while they check that others are not blocked.
         self.chunk_hook: Callable[[int], None] | None = None
+        # Restores write the pool's own memory with numpy where it allows (in_place);
+        # which path the last restored chunk took: "in place", "xla" (None before any).
+        self.in_place = in_place
+        self.last_restore_path: str | None = None
+        self._fallback_logged: str | None = None
         self._warned_unaligned = False
         self._workers: ThreadPoolExecutor | None = None
         self._workers_lock = threading.Lock()
@@ -257,11 +264,11 @@ class HostCopyTransfer:
     ) -> str | None:
         """Copy tier slots into pool blocks; with ``digest``, hash each piece as it goes.
 
-        The tier's pieces are hashed a span (``_FUSED_SPAN_BYTES``) at a time: with one
-        thread just before the span is written into the pool, so the write reads it from
-        cache; with more, on the ``copy_threads - 1`` workers while this thread writes it
-        (the write is one XLA copy either way). The caller compares the returned checksum
-        and must not use the blocks when it differs (they hold whatever the tier held).
+        In place (agentpark.dma.in_place): each piece of the tier is hashed, then copied
+        into the pool's own memory while it is still in cache, the pieces of a chunk split
+        over ``copy_threads`` threads; through XLA otherwise (see :meth:`_h2d_xla`). The
+        caller compares the returned checksum and must not use the blocks when it differs
+        (they hold whatever the tier held).
         """
         check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
         buffers = tier.buffers()
@@ -284,7 +291,99 @@ class HostCopyTransfer:
         digest: bool,
         job: HashJob | None,
     ) -> list[bytes]:
-        """The restore, chunk by chunk; the piece digests hashed here (none with ``job``)."""
+        """The restore, chunk by chunk; the piece digests hashed here (none with ``job``).
+
+        Each chunk is written in place with numpy when the pool allows it (agentpark.dma.
+        in_place), else through XLA; the pool may change between chunks, so each decides.
+        """
+        pieces: list[bytes] = []
+        buffers = tier.buffers()
+        for lo, hi in self._chunks(engine.geometry, len(slots)):
+            ids, chunk_slots = block_ids[lo:hi], slots[lo:hi]
+            with engine.lock:
+                held = self._hold(engine, ids)
+                if isinstance(held, HeldPool):
+                    try:
+                        part = self._h2d_in_place(
+                            engine.geometry, held, buffers, chunk_slots, ids, digest, job, lo
+                        )
+                    except Exception as exc:
+                        raise TransferError(f"in-place restore failed: {exc}") from exc
+                    finally:
+                        held.release()
+                    held.check(engine)
+                else:
+                    part = self._h2d_xla(buffers, chunk_slots, ids, engine, digest, job, lo)
+                pieces.extend(part)
+            self._after_chunk((hi - lo) * engine.geometry.block_nbytes)
+        return pieces
+
+    def _hold(self, engine: EngineAdapter, ids: Sequence[int]) -> HeldPool | None:
+        """The pool held for an in-place write of ``ids``, or None to write through XLA."""
+        why = "host_copy.in_place is off"
+        if self.in_place:
+            if len(set(ids)) != len(ids):
+                why = "a block id repeats within the chunk"
+            else:
+                held = hold(engine)
+                if isinstance(held, HeldPool):
+                    self.last_restore_path = "in place"
+                    return held
+                why = held
+        self.last_restore_path = "xla"
+        if self.in_place and why != self._fallback_logged:
+            self._fallback_logged = why
+            log.info("host_copy: restoring through XLA, not in place: %s", why)
+        return None
+
+    def _h2d_in_place(
+        self,
+        geometry: PoolGeometry,
+        held: HeldPool,
+        buffers: list[np.ndarray],
+        slots: Sequence[int],
+        ids: Sequence[int],
+        digest: bool,
+        job: HashJob | None,
+        offset: int,
+    ) -> list[bytes]:
+        """One chunk with numpy into the held pool: the pause's loop the other way round,
+        split over ``copy_threads`` threads (in whole pieces with ``digest``, whole spans
+        with ``job``); the fused piece digests, in order."""
+        k = piece_blocks(geometry)
+        dst_ids = np.asarray(ids, dtype=np.intp)
+        steps = np.diff(dst_ids) == 1  # where the pool ids run on
+        scatter: Callable[[int, int], list[bytes]]
+        if job is not None:
+            span = unit = self._span_blocks(geometry)
+            scatter = partial(
+                _scatter_spans, held.views, buffers, dst_ids, steps, slots, span, job, offset
+            )
+        else:
+            unit = k if digest else 1
+            scatter = partial(
+                _scatter, held.views, buffers, dst_ids, steps, slots, k if digest else 0
+            )
+        ranges = self._parts(0, len(ids), unit, self.copy_threads)
+        return [d for part in self._map(scatter, ranges) for d in part]
+
+    def _h2d_xla(
+        self,
+        buffers: list[np.ndarray],
+        chunk_slots: Sequence[int],
+        ids: Sequence[int],
+        engine: EngineAdapter,
+        digest: bool,
+        job: HashJob | None,
+        offset: int,
+    ) -> list[bytes]:
+        """One chunk through XLA's donated writes (hold the lock); the digests hashed here.
+
+        The tier's pieces are hashed a span (``_FUSED_SPAN_BYTES``) at a time: with one
+        thread just before the span is written into the pool, so the write reads it from
+        cache; with more, on the ``copy_threads - 1`` workers while this thread writes it
+        (the write is one XLA copy either way).
+        """
         geometry = engine.geometry
         k = piece_blocks(geometry)
         if job is not None:
@@ -293,44 +392,39 @@ class HostCopyTransfer:
             span = max(k, _FUSED_SPAN_BYTES // geometry.block_nbytes // k * k)
         threads = self.copy_threads
         pieces: list[bytes] = []
-        buffers = tier.buffers()
-        for lo, hi in self._chunks(geometry, len(slots)):
-            ids, chunk_slots = block_ids[lo:hi], slots[lo:hi]
-            # Slice writes when every run consecutive on both sides is long (a memcpy);
-            # else the scatter, which takes any block order.
-            slices = all(n >= _SLICE_MIN_BLOCKS for n in paired_runs(chunk_slots, ids)[2])
-            n = hi - lo
-            spans = [(a, min(a + span, n)) for a in range(0, n, span)] if digest else [(0, n)]
-            with engine.lock:
-                pool = list(engine.kv_pool())
+        # Slice writes when every run consecutive on both sides is long (a memcpy); else
+        # the scatter, which takes any block order.
+        slices = all(n >= _SLICE_MIN_BLOCKS for n in paired_runs(chunk_slots, ids)[2])
+        n = len(ids)
+        spans = [(a, min(a + span, n)) for a in range(0, n, span)] if digest else [(0, n)]
+        pool = list(engine.kv_pool())
+        try:
+            for a, b in spans:
+                pending: list[Future[list[bytes]]] = []
+                if job is not None:
+                    # The hash thread reads the span beside this thread's write.
+                    job.post(offset + a, offset + b)
+                elif digest and threads > 1:
+                    # Overlap: the workers hash the span while this thread writes it.
+                    hash_span = partial(_hash, buffers, chunk_slots, k)
+                    for x, y in self._parts(a, b, k, threads - 1):
+                        pending.append(self._pool().submit(hash_span, x, y))
+                elif digest:
+                    pieces.extend(_hash(buffers, chunk_slots, k, a, b))
                 try:
-                    for a, b in spans:
-                        pending: list[Future[list[bytes]]] = []
-                        if job is not None:
-                            # The hash thread reads the span beside this thread's write.
-                            job.post(lo + a, lo + b)
-                        elif digest and threads > 1:
-                            # Overlap: the workers hash the span while this thread writes it.
-                            hash_span = partial(_hash, buffers, chunk_slots, k)
-                            for x, y in self._parts(a, b, k, threads - 1):
-                                pending.append(self._pool().submit(hash_span, x, y))
-                        elif digest:
-                            pieces.extend(_hash(buffers, chunk_slots, k, a, b))
-                        try:
-                            for i, buf in enumerate(buffers):
-                                pool[i] = self._write_span(
-                                    pool[i], buf, chunk_slots[a:b], ids[a:b], slices, engine
-                                )
-                        finally:
-                            wait(pending)
-                        for future in pending:
-                            pieces.extend(future.result())
-                    jax.block_until_ready(pool)  # type: ignore[no-untyped-call]
-                except Exception as exc:
-                    raise TransferError(f"restore scatter failed: {exc}") from exc
+                    for i, buf in enumerate(buffers):
+                        pool[i] = self._write_span(
+                            pool[i], buf, chunk_slots[a:b], ids[a:b], slices, engine
+                        )
                 finally:
-                    engine.set_kv_pool(pool)
-            self._after_chunk((hi - lo) * geometry.block_nbytes)
+                    wait(pending)
+                for future in pending:
+                    pieces.extend(future.result())
+            jax.block_until_ready(pool)  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            raise TransferError(f"restore scatter failed: {exc}") from exc
+        finally:
+            engine.set_kv_pool(pool)
         return pieces
 
     def _write_span(
@@ -461,6 +555,63 @@ def _gather_spans(
         b = min(a + span, hi)
         _gather(views, buffers, src_ids, slots, 0, a, b)
         job.post(offset + a, offset + b)
+    return []
+
+
+def _scatter(
+    views: Sequence[np.ndarray],
+    buffers: Sequence[np.ndarray],
+    dst_ids: np.ndarray,
+    steps: np.ndarray,
+    slots: Sequence[int],
+    k: int,
+    lo: int,
+    hi: int,
+) -> list[bytes]:
+    """Copy positions ``lo..hi`` of a chunk from the tier buffers into the pool views.
+
+    The mirror of :func:`_gather`. ``k`` > 0: piece by piece (``lo`` on a piece boundary),
+    each buffer's rows of a piece hashed just before they are copied, so the copy reads
+    them from cache; returns the piece digests in order, the same as :func:`_hash`'s.
+    ``steps[i]``: ``dst_ids[i + 1] == dst_ids[i] + 1``; a run of tier slots whose pool ids
+    run on too is one slice copy, any other a row scatter.
+    """
+    digests: list[bytes] = []
+    for p in range(lo, hi, k or max(1, hi - lo)):
+        q = min(p + k, hi) if k else hi
+        runs = contiguous_runs(slots[p:q])
+        for buf, view in zip(buffers, views, strict=True):
+            if k:
+                digests.append(piece_digest(buf, runs))
+            for pos, slot, n in runs:
+                at = p + pos
+                if n == 1 or steps[at : at + n - 1].all():
+                    first = int(dst_ids[at])
+                    np.copyto(view[first : first + n], buf[slot : slot + n])
+                else:
+                    view[dst_ids[at : at + n]] = buf[slot : slot + n]
+    return digests
+
+
+def _scatter_spans(
+    views: Sequence[np.ndarray],
+    buffers: Sequence[np.ndarray],
+    dst_ids: np.ndarray,
+    steps: np.ndarray,
+    slots: Sequence[int],
+    span: int,
+    job: HashJob,
+    offset: int,
+    lo: int,
+    hi: int,
+) -> list[bytes]:
+    """Copy positions ``lo..hi`` of a chunk a span at a time, posting each span to the
+    hash thread just before writing it (positions in the whole copy: ``offset`` is the
+    chunk's), so the two read it at once."""
+    for a in range(lo, hi, span):
+        b = min(a + span, hi)
+        job.post(offset + a, offset + b)
+        _scatter(views, buffers, dst_ids, steps, slots, 0, a, b)
     return []
 
 
