@@ -13,13 +13,15 @@ from agentpark.parking.mover import EnginePool, Mover
 from agentpark.tiers.dram import DramTier
 
 
-@pytest.fixture(params=[1, 2])
+@pytest.fixture(params=[(1, True), (2, True), (1, False)], ids=["in-place", "in-place-x2", "xla"])
 def setup(request: pytest.FixtureRequest) -> tuple[ReferenceEngine, DramTier, Mover, np.ndarray]:
+    """host_copy with 1 or 2 copy threads, restoring in place or through XLA."""
+    threads, in_place = request.param
     engine = ReferenceEngine(ModelSpec(max_seq_len=256), PoolSpec(block_size=16, num_blocks=32))
     scratch = DramTier(engine.geometry, engine.geometry.total_bytes)
     (buf,) = scratch.buffers()
     buf[...] = np.random.default_rng(5).integers(0, 2**16, size=buf.shape, dtype=np.uint16)
-    dma = HostCopyTransfer(copy_threads=request.param)
+    dma = HostCopyTransfer(copy_threads=threads, in_place=in_place)
     dma.h2d(scratch, list(range(32)), engine, list(range(32)))
     tier = DramTier(engine.geometry, 16 * engine.geometry.block_nbytes)
     mover = Mover(engine.geometry, [tier], dma, frozenset({"dram"}))
@@ -51,6 +53,8 @@ def test_a_flipped_byte_fails_the_restore_whole_or_prefix(
     slots, digest = _park(engine, tier, mover)
     tier.buffers()[0][3].view(np.uint8).flat[11] ^= 4  # the last parked block
     assert not mover.restore(tier, slots, slots, EnginePool(engine), [10, 11, 12, 13, 14], digest)
+    assert isinstance(mover.transfer, HostCopyTransfer)
+    assert mover.transfer.last_restore_path == ("in place" if mover.transfer.in_place else "xla")
     # A prefix restore cannot hash the whole copy as it goes: it verifies first.
     assert not mover.restore(tier, slots[:2], slots, EnginePool(engine), [10, 11], digest)
 
