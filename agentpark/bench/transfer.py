@@ -324,6 +324,8 @@ class _Stack:
     filler: Transfer  # writes the synthetic KV into the pool from a scratch dram tier
     copy_threads: int = 1  # host_copy's dma.copy_threads (1 for tpu_sync)
     hash_thread: bool = False  # host_copy's dma.hash_thread
+    # host_copy: which path the session core's timed restores took ("in place", "xla").
+    restore_paths: set[str] = field(default_factory=set)
 
     @property
     def bytes_readable(self) -> bool:
@@ -486,6 +488,7 @@ def run_transfer_bench(
     out.print(_copy_alone_table(results, copy_threads, backend, hash_thread))
     if backend != "tpu_sync":
         out.print(_paths_table(results, hash_thread))
+        out.print(_restore_paths_table(results, copy_threads))
     for note in notes:
         out.print(note, soft_wrap=True, highlight=False)
     failed = [r for r in results if not r.exact]
@@ -636,6 +639,9 @@ def _bench_size(
             if plain is not None:
                 result.file_read_s.append(timed(plain.read, dst))
             result.restore_s.append(timed(restore, parking, session_id, tier.name))
+            path = getattr(stack.transfer, "last_restore_path", None)
+            if path is not None:
+                stack.restore_paths.add(path)
             step("restore")
             if readable:  # tpu_sync: no checksum on, agentpark cannot read its host blocks
                 parking.mover.checksum_tiers = frozenset({tier.name})
@@ -677,6 +683,13 @@ def _copy_alone(stack: _Stack, key: tuple[str, str], measure: Callable[..., None
                 measure("h2d+xxh3 alt", dma.h2d, tier, slots, engine, blocks, True)
             finally:
                 dma.hash_thread = stack.hash_thread
+            # The restore through XLA's donated writes, in the same repeat (A/B).
+            dma.in_place = False
+            try:
+                measure("h2d xla", dma.h2d, tier, slots, engine, blocks, False)
+                measure("h2d+xxh3 xla", dma.h2d, tier, slots, engine, blocks, True)
+            finally:
+                dma.in_place = True
     finally:
         tier.free("bench-copy-alone")
 
@@ -866,6 +879,32 @@ def _paths_table(results: Sequence[SizeResult], hash_thread: bool = False) -> Ta
     return table
 
 
+def _restore_paths_table(results: Sequence[SizeResult], threads: int = 1) -> Table:
+    """The restore of the copy alone, in place and through XLA, timed in the same repeats."""
+    tier = results[0].tier if results else "?"
+    table = Table(
+        title=f"restore, in place vs XLA ({tier}): HostCopyTransfer.h2d alone, over np.copyto"
+    )
+    pairs = [("h2d", "h2d xla"), ("h2d+xxh3", "h2d+xxh3 xla")]
+    heads = ["restore in place", "restore XLA", "restore+xxh3 in place", "restore+xxh3 XLA"]
+    names = ["KV/session", *heads]
+    if threads > 1:
+        names += [f"{h}/x{threads}" for h in heads]
+    for name in names:
+        table.add_column(name, justify="right")
+    for r in results:
+        ops = [r.ops.get(name) for pair in pairs for name in pair]
+        if any(op is None or not op.s for op in ops):
+            table.add_row(human(r.size), *["-"] * (len(names) - 1))
+            continue
+        target = TARGET_RATIO if r.size >= TARGET_FROM and tier != "disk" else None
+        cells = [human(r.size), *(_ratio_cell(op.ratios, target) for op in ops if op)]
+        if threads > 1:
+            cells += [_ratio_cell(op.nratios, None) for op in ops if op]
+        table.add_row(*cells)
+    return table
+
+
 def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> list[str]:
     geometry = stack.engine.geometry
     tier_bytes = stack.tier.capacity_blocks * geometry.block_nbytes
@@ -898,9 +937,9 @@ def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> lis
             "copy and beside the restore's write (the copier hashes a span itself when that "
             "thread is two spans behind)"
             if stack.hash_thread
-            else "dma.hash_thread = false: hashed by the copying thread while the piece is in "
-            "cache (pause: after writing it to the tier; restore: before writing it to the "
-            "pool)"
+            else "dma.hash_thread = false: hashed by the copying thread just before it copies "
+            "the piece, which then reads it from cache (pause: from the pool; restore: from the "
+            "tier)"
         )
         notes.append(
             f"checksum: xxh3-64 per 1 MiB piece; {path}; '+ on pause/restore' is the "
@@ -908,6 +947,15 @@ def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> lis
             "over the parked copy (one core). The fused-vs-hash-thread table times both paths "
             "of the copy alone in the same repeats."
         )
+        dma = stack.transfer
+        if isinstance(dma, HostCopyTransfer):
+            went = " and ".join(sorted(stack.restore_paths)) or "-"
+            notes.append(
+                "restore: in place (numpy writes into the pool arrays' own memory, "
+                "agentpark.dma.in_place) where the pool allows it, else XLA's donated writes; "
+                f"the session core's restores here went {went}. The "
+                "in-place-vs-XLA table times both for the copy alone in the same repeats."
+            )
     else:
         notes.append(
             f"tpu_sync: TPU Sync's real KVCacheManager (tpu-sync-jax {tpu_sync_version()}) "

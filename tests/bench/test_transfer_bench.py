@@ -47,7 +47,7 @@ def test_each_tier_prints_a_row_per_size_and_round_trips_bit_exact(
     # Disk adds the plain file write and read, and the ratios to them.
     per_row = 9 if tier == "disk" else 5
     for size in ("1 MiB", "2 MiB"):
-        table_row, checksum_row, alone_row, paths_row = _rows(text, size)
+        table_row, checksum_row, alone_row, paths_row, restore_row = _rows(text, size)
         assert len(re.findall(SPREAD, table_row)) == per_row, table_row
         assert "yes" in table_row  # bit-exact, checked before and after the repeats
         # Checksum on: pause and restore GB/s and ratios, xxh3 alone, then what the checksum
@@ -58,7 +58,10 @@ def test_each_tier_prints_a_row_per_size_and_round_trips_bit_exact(
         assert len(re.findall(SPREAD, alone_row)) == 4, alone_row
         # Checksum on, the copy alone: pause and restore, fused and on the hash thread.
         assert len(re.findall(SPREAD, paths_row)) == 4, paths_row
+        # The restore alone, in place and through XLA, checksum off and on.
+        assert len(re.findall(SPREAD, restore_row)) == 4, restore_row
     assert "what the checksum costs" in text and "the copy alone" in text
+    assert "in place vs XLA" in text and "restores here went in place." in text
     assert "no size to judge" in text  # both sizes are below the 256 MiB target threshold
     if tier == "disk":
         assert "page cache" in text and "write GB/s" in text and "pause/write" in text
@@ -79,11 +82,12 @@ def test_copy_threads_add_ratios_to_a_threaded_memcpy(consoles: Consoles) -> Non
     text = consoles.text
     assert code == 0, text
     assert "copyto x2 GB/s" in text and "pause/x2" in text and "dma.copy_threads = 2" in text
-    table_row, checksum_row, alone_row, paths_row = _rows(text, "2 MiB")
+    table_row, checksum_row, alone_row, paths_row, restore_row = _rows(text, "2 MiB")
     assert len(re.findall(SPREAD, table_row)) == 5 + 3, table_row
     assert len(re.findall(SPREAD, checksum_row)) == 5 + 2, checksum_row
     assert len(re.findall(SPREAD, alone_row)) == 4 + 4, alone_row
     assert len(re.findall(SPREAD, paths_row)) == 4, paths_row
+    assert len(re.findall(SPREAD, restore_row)) == 4 + 4, restore_row
 
 
 @pytest.mark.parametrize("hash_thread", [False, True])
