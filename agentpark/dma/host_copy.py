@@ -5,27 +5,39 @@ gather-copy per run of tier slots straight into the preallocated tier buffer
 (``np.take`` with ``mode="clip"``: the default ``"raise"`` stages ``out`` through a
 temporary and runs at a quarter of memcpy speed; ids are bounds-checked once instead).
 
-Restore: jitted writes with the pool donated (in place), whose input is a view of the tier
-buffer itself (zero-copy: JAX aliases 64-byte-aligned host memory, and every tier's
-buffers are page aligned). Runs consecutive in the pool too are written with
-``dynamic_update_slice`` in power-of-two pieces (a memcpy, ~0.95x); scattered blocks go
-through a scatter whose update is a power-of-two window of the tier buffer, rows not being
-restored getting an out-of-range id and dropped (~0.85x). Few shapes are ever compiled.
-Gathering inside the jit instead runs at a tenth of memcpy speed on XLA:CPU.
+Restore, in place (the default on JAX's CPU platform, agentpark.dma.in_place): the
+mirror of the pause. The pool arrays are made exclusively XLA's and ready (a donated
+no-op, under the engine lock), and numpy copies the tier rows straight into writable views
+over their own memory: one ``np.copyto`` per run consecutive on both sides, a row scatter
+(``view[ids] = rows``) for a run of tier slots whose pool ids do not run on. The pieces of
+a chunk are split over ``copy_threads`` threads, so a second thread shares the write.
+in_place's docstring says why this is safe and when it is not used.
+
+Restore through XLA (``in_place=False``, any pool in_place refuses: not a plain
+single-device CPU array, target ids repeated in a chunk): jitted writes with the pool
+donated (in place), whose input is a view of the tier buffer itself (zero-copy: JAX
+aliases 64-byte-aligned host memory, and every tier's buffers are page aligned). Runs
+consecutive in the pool too are written with ``dynamic_update_slice`` in power-of-two
+pieces (a memcpy); scattered blocks go through a scatter whose update is a power-of-two
+window of the tier buffer, rows not being restored getting an out-of-range id and dropped.
+Few shapes are ever compiled (:meth:`HostCopyTransfer.warmup`). Gathering inside the jit
+instead runs at a tenth of memcpy speed on XLA:CPU. It is one XLA copy on one thread: more
+``copy_threads`` can only hash beside it.
 
 Copies go in chunks of at most ``chunk_bytes``, each under the engine lock and the lock
 let go between chunks, so other sessions keep decoding while a large session moves: the
 bytes in flight at any moment are bounded by one chunk.
 
-Checksum (``digest=True``, see agentpark.integrity): the pause hashes a 1 MiB piece of the
-pool and then copies it into the tier, reading it from L2; the restore hashes an 8 MiB
-span of the tier and then writes it into the pool (from L3), or, with ``copy_threads`` > 1,
-hashes it on the workers while this thread writes it. One thread cannot hide the hash: it
-costs its compute time from cache (xxh3 ~4x memcpy speed there), about 0.8-0.85x memcpy
-with it on against ~0.95x off (README, Benchmarks).
+Checksum (``digest=True``, see agentpark.integrity): both directions hash a 1 MiB piece
+just before copying it, so the copy reads it from L2: the pause from the pool, the in-place
+restore from the tier. The XLA restore hashes an 8 MiB span of the tier, then writes it
+into the pool (from L3), or, with ``copy_threads`` > 1, hashes it on the workers while this
+thread writes it. One thread cannot hide the hash: it costs its compute time from cache
+(xxh3 ~4x memcpy speed there); see the README's Benchmarks for what each path measures.
 
-``copy_threads`` > 1: a pause's chunk is split over that many threads (this one and a small
-pool), in whole pieces when hashing; numpy's copies and xxhash release the GIL.
+``copy_threads`` > 1: a pause's or in-place restore's chunk is split over that many threads
+(this one and a small pool), in whole pieces when hashing; numpy's copies and xxhash
+release the GIL.
 
 ``hash_thread`` (``dma.hash_thread``): a copy of more than one 4 MiB span hashes on one more
 thread instead (agentpark.dma.hash_thread): the pause posts each span it has copied, the
@@ -121,6 +133,7 @@ class HostCopyTransfer:
         self.last_restore_path: str | None = None
         self._fallback_logged: str | None = None
         self._warned_unaligned = False
+        self._warned_copied = False
         self._workers: ThreadPoolExecutor | None = None
         self._workers_lock = threading.Lock()
 
@@ -328,6 +341,14 @@ class HostCopyTransfer:
                 held = hold(engine)
                 if isinstance(held, HeldPool):
                     self.last_restore_path = "in place"
+                    if held.copied and not self._warned_copied:
+                        self._warned_copied = True
+                        log.warning(
+                            "host_copy: the pool's buffer was held by something else (a live "
+                            "np.asarray view, a dlpack alias, host memory it was made over), so "
+                            "XLA copied the whole pool before the restore; XLA's own donated "
+                            "writes copy it the same way: drop such views under the engine lock"
+                        )
                     return held
                 why = held
         self.last_restore_path = "xla"
@@ -468,7 +489,7 @@ class HostCopyTransfer:
         return scattered
 
     def warmup(self, engine: EngineAdapter, tier: HostTier) -> None:
-        """Compile both restore paths for every shape a restore can use, writing nothing.
+        """Compile both XLA restore paths for every shape a restore can use, writing nothing.
 
         The scatter gets all targets out of range; the slice write puts the pool's own
         first rows back in place. Without this, the first restore of each new size pays

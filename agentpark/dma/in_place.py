@@ -16,15 +16,15 @@ the views are dropped:
 * Exclusive ownership, proved by XLA itself: the arrays are donated to a jitted no-op
   (``optimization_barrier``). XLA runs it after every computation already enqueued on
   those buffers (reads too), and gives its output the input's buffer only when nothing
-  else holds that buffer: no live ``np.asarray`` view, no dlpack export, not foreign
-  memory (``device_put(..., may_alias=True)``, ``from_dlpack``). Otherwise it copies, and
-  the output is a fresh buffer that only it holds. Either way the output is installed with
-  ``set_kv_pool`` and is the only Array over its buffer (a donated input is deleted), so the
-  numpy write is seen by the engine's pool and by nothing else: what XLA's own donated
-  write guarantees (measured on jax 0.10.2: a live view, a dlpack alias or foreign memory
-  each make the no-op copy, and they keep their old bytes; tests/dma/test_in_place.py).
-  A JAX that forwarded the input instead of running the no-op would prove nothing: that
-  restore goes through XLA.
+  else holds that buffer: no live ``np.asarray`` view, no dlpack export, not host memory
+  the array was made over (``device_put`` of an aligned numpy array, ``from_dlpack``).
+  Otherwise it copies into a fresh buffer that only the output holds (a one-off cost, the
+  same XLA's own donated write pays; host_copy logs it once). Either way the output is
+  installed with ``set_kv_pool`` and nothing else can see its buffer: a donated input is
+  deleted, and whatever held a shared buffer keeps the old bytes, as with XLA's donated
+  writes (tests/dma/test_in_place.py checks a live view, a dlpack alias and foreign
+  memory on jax 0.10.2). A JAX that forwarded the input instead of running the no-op
+  would prove nothing: that restore goes through XLA.
 * ``block_until_ready`` on the outputs: no XLA work on the buffers is pending while numpy
   writes, and the next computation that reads them is dispatched under the lock after
   the write.
@@ -110,6 +110,8 @@ class HeldPool:
 
     arrays: list[jax.Array]
     pointers: tuple[int, ...]
+    copied: bool = False
+    """Some buffer was shared (a live view, an alias, foreign memory): XLA copied it first."""
     views: list[np.ndarray] = field(default_factory=list)
 
     def release(self) -> None:
@@ -136,6 +138,7 @@ def hold(engine: EngineAdapter) -> HeldPool | str:
     why = problem(arrays, engine.geometry)
     if why is not None:
         return why
+    before = tuple(a.unsafe_buffer_pointer() for a in arrays)
     try:
         owned: list[jax.Array] = _own(arrays)
     except Exception as exc:
@@ -146,7 +149,7 @@ def hold(engine: EngineAdapter) -> HeldPool | str:
         return "JAX forwarded the no-op's input: no proof the buffer is not shared"
     jax.block_until_ready(owned)  # type: ignore[no-untyped-call]
     pointers = tuple(a.unsafe_buffer_pointer() for a in owned)
-    held = HeldPool(owned, pointers)
+    held = HeldPool(owned, pointers, copied=pointers != before)
     for arr, ptr in zip(owned, pointers, strict=True):
         raw = (ctypes.c_char * arr.nbytes).from_address(ptr)
         held.views.append(np.frombuffer(memoryview(raw), dtype=arr.dtype).reshape(arr.shape))

@@ -72,6 +72,7 @@ def test_in_place_restore_is_bit_exact_and_checksums_the_tier(
     threads: int,
     chunk_blocks: int,
     digest: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     engine = TwoArrayPool()
     three_block_pieces(engine.geometry)
@@ -94,6 +95,7 @@ def test_in_place_restore_is_bit_exact_and_checksums_the_tier(
     # Array over those buffers saw the write.
     assert _pointers(engine) == before
     assert all(a.is_deleted() for a in old)
+    assert "copied the whole pool" not in caplog.text
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -226,7 +228,7 @@ def _foreign_pool(engine: ReferenceEngine) -> tuple[jax.Array, np.ndarray]:
 @pytest.mark.usefixtures("no_xla")
 @pytest.mark.parametrize("alias", ["numpy view", "dlpack", "foreign memory"])
 def test_what_else_holds_the_pool_buffer_keeps_its_bytes(
-    engine: ReferenceEngine, alias: str
+    engine: ReferenceEngine, alias: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An in-place restore never writes a buffer that anything but the pool holds: XLA's
     donated no-op copies it first, as XLA's own donated writes would."""
@@ -241,10 +243,12 @@ def test_what_else_holds_the_pool_buffer_keeps_its_bytes(
         engine.set_kv_pool([pool])
     before = _pointers(engine)
     ids = list(range(20, 28))
-    HostCopyTransfer().h2d(tier, slots, engine, ids)
+    with caplog.at_level("WARNING", logger=host_copy.__name__):
+        HostCopyTransfer().h2d(tier, slots, engine, ids)
     np.testing.assert_array_equal(np.asarray(engine.kv_pool()[0])[ids], rows)
     assert _pointers(engine) != before  # written into a copy only the pool holds
     assert not np.asarray(other).any()  # the other holder still sees zeros
+    assert "XLA copied the whole pool" in caplog.text
 
 
 def test_a_pool_replaced_during_the_write_fails_the_restore(
