@@ -600,7 +600,8 @@ def _scatter(
     digests: list[bytes] = []
     for p in range(lo, hi, k or max(1, hi - lo)):
         q = min(p + k, hi) if k else hi
-        runs = contiguous_runs(slots[p:q])
+        # One-block pieces (blocks of 1 MiB or more) are the common case: skip the scan.
+        runs = [(0, slots[p], 1)] if q - p == 1 else contiguous_runs(slots[p:q])
         for buf, view in zip(buffers, views, strict=True):
             if k:
                 digests.append(piece_digest(buf, runs))
