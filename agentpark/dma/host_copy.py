@@ -489,7 +489,8 @@ class HostCopyTransfer:
         return scattered
 
     def warmup(self, engine: EngineAdapter, tier: HostTier) -> None:
-        """Compile both XLA restore paths for every shape a restore can use, writing nothing.
+        """Compile both XLA restore paths for every shape a restore can use, and the
+        in-place path's no-op, writing nothing.
 
         The scatter gets all targets out of range; the slice write puts the pool's own
         first rows back in place. Without this, the first restore of each new size pays
@@ -512,6 +513,10 @@ class HostCopyTransfer:
                 jax.block_until_ready(pool)  # type: ignore[no-untyped-call]
             finally:
                 engine.set_kv_pool(pool)
+            if self.in_place:  # and the in-place path's donated no-op, for this pool
+                held = hold(engine)
+                if isinstance(held, HeldPool):
+                    held.release()
 
     def _warn_if_unaligned(self, window: np.ndarray) -> None:
         if window.ctypes.data % 64 and not self._warned_unaligned:

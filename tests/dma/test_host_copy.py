@@ -109,8 +109,10 @@ def test_warmup_compiles_without_writing(engine: ReferenceEngine) -> None:
     original = _fill(engine)
     tier = DramTier(engine.geometry, 20 * engine.geometry.block_nbytes)
     tier.buffers()[0][...] = 7  # anything the warm-up wrote would show up as 7s
+    before = engine.kv_pool()[0].unsafe_buffer_pointer()
     HostCopyTransfer().warmup(engine, tier)
     np.testing.assert_array_equal(np.asarray(engine.kv_pool()[0]), original)
+    assert engine.kv_pool()[0].unsafe_buffer_pointer() == before  # in place, no pool copy
 
 
 # ---- checksums fused into the copy, and copy_threads --------------------------------------
