@@ -899,7 +899,7 @@ def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> lis
             "thread is two spans behind)"
             if stack.hash_thread
             else "dma.hash_thread = false: hashed by the copying thread while the piece is in "
-            "cache (pause: after writing it to the tier; restore: before writing it to the "
+            "cache (pause: from the pool just before copying it; restore: before writing it to the "
             "pool)"
         )
         notes.append(
