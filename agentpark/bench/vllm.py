@@ -26,8 +26,10 @@ tool returned (from the end of the pause to the first streamed token), makespan 
 request to last answer), bytes parked and restored (the daemon's ``/v1/host`` counters), and
 turns whose tokens differ from the reference's (tokens, then logprobs to the bit). Plain's
 recomputed turns may differ by rounding (batched prefill and decode round differently):
-they are counted, not hidden. The bench exits 1 when a request failed or an agentpark turn's
-tokens differ from the reference.
+they are counted, not hidden; so are agentpark's later turns that vLLM computed (a kept
+session whose blocks it evicted). Which turns agentpark restored comes from the daemon's
+``resume`` events. The bench exits 1 when a request failed or a turn agentpark restored
+blocks into differs in its tokens from the reference.
 """
 
 from __future__ import annotations
@@ -113,8 +115,10 @@ class TurnResult:
     cached_tokens: int
     tokens: list[str]
     logprobs: list[float]
-    transfer: dict[str, Any] | None = None
     error: str | None = None
+    # Bytes agentpark restored into this turn (from the daemon's events after the run:
+    # streamed responses carry no kv_transfer_params in vLLM 0.32).
+    restored_bytes: int = 0
 
 
 @dataclass
@@ -218,7 +222,6 @@ async def _turn(
     tokens: list[str] = []
     logprobs: list[float] = []
     usage: Any = None
-    transfer: dict[str, Any] | None = None
     try:
         stream = await client.chat.completions.create(
             model=model,
@@ -240,9 +243,6 @@ async def _turn(
                     logprobs += [c.logprob for c in content]
             if chunk.usage is not None:
                 usage = chunk.usage
-            extra = (chunk.model_extra or {}).get("kv_transfer_params")
-            if extra:
-                transfer = extra
     except Exception as exc:  # counted and printed; the bench exits 1
         return TurnResult(agent, turn, turn > 0, 0.0, 0, 0, [], [], error=repr(exc))
     if usage is None or first is None:
@@ -258,7 +258,6 @@ async def _turn(
         cached,
         tokens,
         logprobs,
-        transfer,
     )
 
 
@@ -369,6 +368,13 @@ class _Daemon:
         answer: dict[str, Any] = httpx.get(f"{self.url}/v1/host", timeout=30).json()
         return answer
 
+    def events(self) -> list[dict[str, Any]]:
+        """Every event of the run (a bench run makes far fewer than the page's 10,000)."""
+        answer = httpx.get(f"{self.url}/v1/events", params={"limit": 10_000}, timeout=30)
+        answer.raise_for_status()
+        events: list[dict[str, Any]] = answer.json()["events"]
+        return events
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -419,6 +425,8 @@ def _run(
         clock.say(f"{name}: {len(plans)} agents x {spec.turns} turns")
         makespan, turns = asyncio.run(_drive(server, plans, spec, clock))
         host = daemon.host() if daemon else {}
+        if daemon is not None:
+            mark_restored(turns, daemon.events(), [plan.session_id for plan in plans])
         return RunResult(name, makespan, turns, host)
     finally:
         if server is not None:
@@ -448,33 +456,52 @@ def _differs(run: RunResult, reference: RunResult) -> tuple[int, int]:
     return tokens, logprobs
 
 
-def _restored(turn: TurnResult) -> int:
-    """Tokens agentpark restored for this turn (0 without a connector)."""
-    answer = (turn.transfer or {}).get("agentpark") or {}
-    restored = answer.get("restored_tokens", 0)
-    return restored if isinstance(restored, int) else 0
+def mark_restored(
+    turns: Sequence[TurnResult], events: Sequence[dict[str, Any]], ids: Sequence[str]
+) -> None:
+    """Set each turn's ``restored_bytes`` from the daemon's events of the agents' sessions
+    (``ids[agent]``): a ``resume`` event belongs to the turn after as many ``turn`` events
+    of its session as came before it (a turn's end is reported when it finishes; the
+    restore runs before its first token)."""
+    agent_of = {session_id: agent for agent, session_id in enumerate(ids)}
+    restored: dict[tuple[int, int], int] = {}
+    ended: dict[int, int] = {}
+    for event in sorted(events, key=lambda e: int(e["id"])):
+        agent = agent_of.get(str(event.get("session_id")))
+        if agent is None:
+            continue
+        if event.get("kind") == "turn":
+            ended[agent] = ended.get(agent, 0) + 1
+        elif event.get("kind") == "resume":
+            key = (agent, ended.get(agent, 0))
+            restored[key] = restored.get(key, 0) + int(event.get("bytes") or 0)
+    for turn in turns:
+        turn.restored_bytes = restored.get((turn.agent, turn.turn), 0)
 
 
-def _logprob_breakdown(run: RunResult, reference: RunResult) -> dict[str, tuple[int, int]]:
-    """Turns whose logprobs differ from the reference's, out of how many, by kind: first
-    turns (nothing cached or restored in either run: a difference there is the servers'
-    own scheduling, not a parked copy), turns with restored blocks, the other later turns."""
+def _kind(turn: TurnResult) -> str:
+    if turn.turn == 0:
+        return "first turns"
+    return "restored turns" if turn.restored_bytes else "other turns"
+
+
+def breakdown(run: RunResult, reference: RunResult) -> dict[str, tuple[int, int, int]]:
+    """Per kind of turn, (tokens differ, logprobs differ, turns compared) against the
+    reference: first turns (nothing cached or restored in any run: a difference there is
+    the servers' own batching, not a parked copy), turns agentpark restored blocks into
+    (their tokens must never differ), and the other later turns (computed by vLLM, from
+    its cache or again: rounding may differ)."""
     ref = {(t.agent, t.turn): t for t in reference.turns}
-    counts = {"first turns": [0, 0], "restored turns": [0, 0], "other turns": [0, 0]}
+    counts = {"first turns": [0, 0, 0], "restored turns": [0, 0, 0], "other turns": [0, 0, 0]}
     for turn in run.turns:
         other = ref.get((turn.agent, turn.turn))
         if other is None or turn.error or other.error:
             continue
-        kind = (
-            "first turns"
-            if turn.turn == 0
-            else "restored turns"
-            if _restored(turn)
-            else "other turns"
-        )
-        counts[kind][0] += turn.logprobs != other.logprobs
-        counts[kind][1] += 1
-    return {kind: (n, of) for kind, (n, of) in counts.items()}
+        count = counts[_kind(turn)]
+        count[0] += turn.tokens != other.tokens
+        count[1] += turn.logprobs != other.logprobs
+        count[2] += 1
+    return {kind: (t, lp, n) for kind, (t, lp, n) in counts.items()}
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -541,12 +568,12 @@ def _print(results: list[RunResult], spec: VllmBenchSpec, blocks: int) -> None:
         for run in results:
             if run is reference:
                 continue
-            parts = ", ".join(
-                f"{kind} {n} of {of}"
-                for kind, (n, of) in _logprob_breakdown(run, reference).items()
-                if of
+            parts = "; ".join(
+                f"{kind} {n}: tokens {t}, logprobs {lp}"
+                for kind, (t, lp, n) in breakdown(run, reference).items()
+                if n
             )
-            out.print(f"{run.name}: turns whose logprobs differ from the reference: {parts}")
+            out.print(f"{run.name}, turns differing from the reference: {parts}")
     for run in results:
         for turn in run.errors()[:3]:
             out.print(f"{run.name}: agent {turn.agent} turn {turn.turn} failed: {turn.error}")
@@ -592,6 +619,6 @@ def run_vllm_bench(
     failed = any(r.errors() for r in results)
     reference = next((r for r in results if r.name == "reference"), None)
     parked = next((r for r in results if r.name == "agentpark"), None)
-    if reference and parked and _differs(parked, reference)[0]:
-        failed = True
+    if reference and parked and breakdown(parked, reference)["restored turns"][0]:
+        failed = True  # a restored turn's tokens differ: the parked bytes were not the kept ones
     return 1 if failed else 0
