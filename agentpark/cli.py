@@ -258,6 +258,13 @@ def _parser() -> argparse.ArgumentParser:
         help="the small KV cache, in blocks of 128 tokens (default 48: 1.5 contexts of 4096)",
     )
     bench_vllm.add_argument(
+        "--max-num-seqs",
+        type=int,
+        help="vLLM's --max-num-seqs for every run (default: vLLM's); 1 runs one request at "
+        "a time, so every run batches alike and each turn must equal the reference's to "
+        "the bit (the exactness check)",
+    )
+    bench_vllm.add_argument(
         "--model", type=Path, help="a model dir (default: make-model, 8 layers, hidden 512)"
     )
     bench_vllm.add_argument(
@@ -700,6 +707,7 @@ def _bench_vllm(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         new_tokens=args.new_tokens,
         blocks=args.blocks,
+        max_num_seqs=args.max_num_seqs,
     )
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     return run_vllm_bench(spec, runs=runs, model=args.model)

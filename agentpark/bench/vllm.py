@@ -28,8 +28,12 @@ turns whose tokens differ from the reference's (tokens, then logprobs to the bit
 recomputed turns may differ by rounding (batched prefill and decode round differently):
 they are counted, not hidden; so are agentpark's later turns that vLLM computed (a kept
 session whose blocks it evicted). Which turns agentpark restored comes from the daemon's
-``resume`` events. The bench exits 1 when a request failed or a turn agentpark restored
-blocks into differs in its tokens from the reference.
+``resume`` events. Batched (vLLM's default ``--max-num-seqs``) the servers batch the same
+requests differently, and that alone moves logprobs and now and then a greedy token, first
+turns included (nothing cached or restored there): those differences are printed per kind
+of turn, not judged. ``--max-num-seqs 1`` runs one request at a time, so every run batches
+alike: the exactness check, where a restored turn must equal the reference to the bit. The
+bench exits 1 when a request failed or, in that mode, a restored turn differs.
 """
 
 from __future__ import annotations
@@ -84,6 +88,15 @@ class VllmBenchSpec:
     heads: int = 8
     max_model_len: int = 4096
     reference_kv_gib: int = 2
+    # vLLM's --max-num-seqs for every run; 1: the runs batch alike (the exactness check).
+    max_num_seqs: int | None = None
+
+    @property
+    def exact(self) -> bool:
+        """Whether every run batches alike, so turns compare to the bit: with one request
+        at a time. Otherwise the servers batch the same requests differently and even the
+        first turns (nothing cached or restored) may differ in their last bits."""
+        return self.max_num_seqs == 1
 
 
 @dataclass
@@ -400,7 +413,9 @@ def _run(
     daemon: _Daemon | None = None
     server: VllmServer | None = None
     env = {"VLLM_CPU_KVCACHE_SPACE": str(spec.reference_kv_gib)}
-    extra = ("--max-model-len", str(spec.max_model_len))
+    extra: tuple[str, ...] = ("--max-model-len", str(spec.max_model_len))
+    if spec.max_num_seqs is not None:
+        extra += ("--max-num-seqs", str(spec.max_num_seqs))
     try:
         if name == "agentpark":
             state = work / "daemon-state"
@@ -616,9 +631,22 @@ def run_vllm_bench(
             results.append(_run(name, Path(model), work, plans, spec, blocks, clock))
             clock.say(f"{name}: done in {results[-1].makespan_s:.1f} s")
     _print(results, spec, blocks)
-    failed = any(r.errors() for r in results)
+    return 1 if failed(results, spec) else 0
+
+
+def failed(results: Sequence[RunResult], spec: VllmBenchSpec) -> bool:
+    """Whether the bench fails: a request failed, or (one request at a time, ``exact``) a
+    turn agentpark restored blocks into differs from the reference in a token or logprob.
+
+    Batched, the servers batch the same requests differently, and that alone moves
+    logprobs and now and then a greedy token, first turns included (measured): those
+    differences are printed and counted, and only the exact mode can judge them.
+    """
+    if any(r.errors() for r in results):
+        return True
     reference = next((r for r in results if r.name == "reference"), None)
     parked = next((r for r in results if r.name == "agentpark"), None)
-    if reference and parked and breakdown(parked, reference)["restored turns"][0]:
-        failed = True  # a restored turn's tokens differ: the parked bytes were not the kept ones
-    return 1 if failed else 0
+    if reference is None or parked is None or not spec.exact:
+        return False
+    tokens, logprobs, _n = breakdown(parked, reference)["restored turns"]
+    return bool(tokens or logprobs)

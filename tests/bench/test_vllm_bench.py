@@ -14,6 +14,7 @@ from agentpark.bench.vllm import (
     _print,
     _quantile,
     breakdown,
+    failed,
     mark_restored,
 )
 
@@ -96,6 +97,26 @@ def test_differences_are_split_into_first_restored_and_other_turns() -> None:
         "restored turns": (1, 1, 2),
         "other turns": (1, 1, 1),
     }
+
+
+def test_only_the_exact_mode_fails_on_a_restored_turn_that_differs() -> None:
+    reference = RunResult(
+        "reference", 1.0, [_turn(0, 0, ["x"], [-1.0]), _turn(0, 1, ["x"], [-1.0])]
+    )
+    rounded = RunResult(
+        "agentpark",
+        1.0,
+        [_turn(0, 0, ["x"], [-1.0]), _turn(0, 1, ["x"], [-1.25], restored_bytes=64)],
+    )
+    recomputed = RunResult(
+        "agentpark", 1.0, [_turn(0, 0, ["x"], [-1.0]), _turn(0, 1, ["y"], [-1.25])]
+    )
+    broken = RunResult("plain", 1.0, [_turn(0, 0, [], [], error="refused")])
+    batched, exact = VllmBenchSpec(), VllmBenchSpec(max_num_seqs=1)
+    assert not failed([reference, rounded], batched)
+    assert failed([reference, rounded], exact)
+    assert not failed([reference, recomputed], exact)  # vLLM computed it: may round
+    assert failed([reference, broken], batched)
 
 
 def test_quantile_of_nothing_is_nan() -> None:
