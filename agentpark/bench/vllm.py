@@ -140,6 +140,7 @@ class RunResult:
     makespan_s: float
     turns: list[TurnResult]
     host: dict[str, Any] = field(default_factory=dict)
+    decisions: dict[str, int] = field(default_factory=dict)
 
     @property
     def prefill_computed(self) -> int:
@@ -440,9 +441,9 @@ def _run(
         clock.say(f"{name}: {len(plans)} agents x {spec.turns} turns")
         makespan, turns = asyncio.run(_drive(server, plans, spec, clock))
         host = daemon.host() if daemon else {}
-        if daemon is not None:
-            mark_restored(turns, daemon.events(), [plan.session_id for plan in plans])
-        return RunResult(name, makespan, turns, host)
+        events = daemon.events() if daemon else []
+        mark_restored(turns, events, [plan.session_id for plan in plans])
+        return RunResult(name, makespan, turns, host, decisions(events))
     finally:
         if server is not None:
             server.stop()
@@ -492,6 +493,23 @@ def mark_restored(
             restored[key] = restored.get(key, 0) + int(event.get("bytes") or 0)
     for turn in turns:
         turn.restored_bytes = restored.get((turn.agent, turn.turn), 0)
+
+
+def decisions(events: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """What the daemon did at the turn ends, counted: parked, and kept by reason."""
+    counts: dict[str, int] = {}
+    for event in events:
+        if event.get("kind") == "pause":
+            label = "parked"
+        elif event.get("kind") == "keep":
+            why = str(event.get("detail") or "")
+            label = "kept: " + (why.split(" (")[0] if "break-even" not in why else "short pause")
+        elif event.get("kind") == "pause_failed":
+            label = "park failed"
+        else:
+            continue
+        counts[label] = counts.get(label, 0) + 1
+    return counts
 
 
 def _kind(turn: TurnResult) -> str:
@@ -589,6 +607,10 @@ def _print(results: list[RunResult], spec: VllmBenchSpec, blocks: int) -> None:
                 if n
             )
             out.print(f"{run.name}, turns differing from the reference: {parts}")
+    for run in results:
+        if run.decisions:
+            told = ", ".join(f"{label} {n}" for label, n in sorted(run.decisions.items()))
+            out.print(f"{run.name}, turn ends: {told}")
     for run in results:
         for turn in run.errors()[:3]:
             out.print(f"{run.name}: agent {turn.agent} turn {turn.turn} failed: {turn.error}")

@@ -14,6 +14,7 @@ from agentpark.bench.vllm import (
     _print,
     _quantile,
     breakdown,
+    decisions,
     failed,
     mark_restored,
 )
@@ -74,6 +75,25 @@ def test_restored_turns_come_from_the_daemons_resume_events() -> None:
     mark_restored(turns, events, ["s0", "s1"])
     restored = {(t.agent, t.turn): t.restored_bytes for t in turns if t.restored_bytes}
     assert restored == {(0, 2): 4096, (1, 1): 2048}
+
+
+def test_turn_end_decisions_are_counted_by_reason() -> None:
+    events = [
+        {"kind": "pause"},
+        {"kind": "pause"},
+        {
+            "kind": "keep",
+            "detail": "expected pause 0.5s (given by the caller) is shorter than "
+            "the break-even 1s (round trip 3 ms, min_pause_s 1s)",
+        },
+        {"kind": "keep", "detail": "no whole block to park"},
+        {"kind": "turn"},
+    ]
+    assert decisions(events) == {
+        "parked": 2,
+        "kept: short pause": 1,
+        "kept: no whole block to park": 1,
+    }
 
 
 def test_differences_are_split_into_first_restored_and_other_turns() -> None:
