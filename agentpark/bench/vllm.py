@@ -512,25 +512,49 @@ def decisions(events: Sequence[dict[str, Any]]) -> dict[str, int]:
     return counts
 
 
-def _kind(turn: TurnResult) -> str:
-    if turn.turn == 0:
-        return "first turns"
-    return "restored turns" if turn.restored_bytes else "other turns"
+RESTORED = "restored turns"
+RESTORED_AFTER_RECOMPUTE = "restored after a recompute"
+
+
+def _computed(turn: TurnResult) -> int:
+    return turn.prompt_tokens - turn.cached_tokens
 
 
 def breakdown(run: RunResult, reference: RunResult) -> dict[str, tuple[int, int, int]]:
     """Per kind of turn, (tokens differ, logprobs differ, turns compared) against the
-    reference: first turns (nothing cached or restored in any run: a difference there is
-    the servers' own batching, not a parked copy), turns agentpark restored blocks into
-    (their tokens must never differ), and the other later turns (computed by vLLM, from
-    its cache or again: rounding may differ)."""
+    reference:
+
+    - first turns: nothing cached or restored in any run; a difference there is the
+      servers' own batching, not a parked copy;
+    - restored turns: agentpark restored blocks into the turn, and vLLM computed as many
+      prompt tokens as the reference did in this turn and every earlier one of the agent,
+      so the session's KV was built the same way: with one request at a time these must
+      equal the reference to the bit;
+    - restored after a recompute: restored, but vLLM computed a different number of
+      tokens in this turn or an earlier one (it recomputed evicted blocks, and agentpark
+      then parked and restored those bytes): the same math in another split may round
+      differently;
+    - other turns: later turns agentpark restored nothing into (served from vLLM's own
+      cache, or recomputed).
+    """
     ref = {(t.agent, t.turn): t for t in reference.turns}
-    counts = {"first turns": [0, 0, 0], "restored turns": [0, 0, 0], "other turns": [0, 0, 0]}
-    for turn in run.turns:
+    kinds = ("first turns", RESTORED, RESTORED_AFTER_RECOMPUTE, "other turns")
+    counts = {kind: [0, 0, 0] for kind in kinds}
+    same_so_far: dict[int, bool] = {}
+    for turn in sorted(run.turns, key=lambda t: (t.agent, t.turn)):
         other = ref.get((turn.agent, turn.turn))
         if other is None or turn.error or other.error:
+            same_so_far[turn.agent] = False
             continue
-        count = counts[_kind(turn)]
+        same = same_so_far.get(turn.agent, True) and _computed(turn) == _computed(other)
+        same_so_far[turn.agent] = same
+        if turn.turn == 0:
+            kind = "first turns"
+        elif turn.restored_bytes:
+            kind = RESTORED if same else RESTORED_AFTER_RECOMPUTE
+        else:
+            kind = "other turns"
+        count = counts[kind]
         count[0] += turn.tokens != other.tokens
         count[1] += turn.logprobs != other.logprobs
         count[2] += 1
@@ -670,5 +694,5 @@ def failed(results: Sequence[RunResult], spec: VllmBenchSpec) -> bool:
     parked = next((r for r in results if r.name == "agentpark"), None)
     if reference is None or parked is None or not spec.exact:
         return False
-    tokens, logprobs, _n = breakdown(parked, reference)["restored turns"]
+    tokens, logprobs, _n = breakdown(parked, reference)[RESTORED]
     return bool(tokens or logprobs)

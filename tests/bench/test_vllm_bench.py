@@ -96,9 +96,9 @@ def test_turn_end_decisions_are_counted_by_reason() -> None:
     }
 
 
-def test_differences_are_split_into_first_restored_and_other_turns() -> None:
+def test_differences_are_split_by_kind_of_turn() -> None:
     reference = RunResult(
-        "reference", 1.0, [_turn(a, t, ["x"], [-1.0]) for a in range(2) for t in range(3)]
+        "reference", 1.0, [_turn(a, t, ["x"], [-1.0]) for a in range(3) for t in range(3)]
     )
     parked = RunResult(
         "agentpark",
@@ -106,16 +106,21 @@ def test_differences_are_split_into_first_restored_and_other_turns() -> None:
         [
             _turn(0, 0, ["x"], [-1.5]),  # a first turn differs: the servers' batching
             _turn(1, 0, ["x"], [-1.0]),
+            _turn(2, 0, ["x"], [-1.0]),
             _turn(0, 1, ["x"], [-1.0], restored_bytes=4096),
             _turn(1, 1, ["y"], [-0.9], restored_bytes=4096),
+            # agent 2 recomputed its evicted prefix in turn 1, then had it restored
+            _turn(2, 1, ["x"], [-0.9], cached_tokens=0),
+            _turn(2, 2, ["x"], [-0.8], restored_bytes=4096),
             _turn(0, 2, ["y"], [-0.9]),  # computed by vLLM again
             _turn(1, 2, ["x"], [-1.0], error="boom"),  # not compared
         ],
     )
     assert breakdown(parked, reference) == {
-        "first turns": (0, 1, 2),
+        "first turns": (0, 1, 3),
         "restored turns": (1, 1, 2),
-        "other turns": (1, 1, 1),
+        "restored after a recompute": (0, 1, 1),
+        "other turns": (1, 2, 2),
     }
 
 
@@ -136,6 +141,15 @@ def test_only_the_exact_mode_fails_on_a_restored_turn_that_differs() -> None:
     assert not failed([reference, rounded], batched)
     assert failed([reference, rounded], exact)
     assert not failed([reference, recomputed], exact)  # vLLM computed it: may round
+    after_recompute = RunResult(
+        "agentpark",
+        1.0,
+        [
+            _turn(0, 0, ["x"], [-1.0], cached_tokens=500),
+            _turn(0, 1, ["x"], [-1.25], restored_bytes=64),
+        ],
+    )
+    assert not failed([reference, after_recompute], exact)
     assert failed([reference, broken], batched)
 
 
