@@ -47,6 +47,7 @@ import logging
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -80,6 +81,8 @@ log = logging.getLogger("vllm.agentpark")
 
 BACKEND = "tpu_sync"
 DEFAULT_HOST_BYTES = 1 << 30
+REGISTER_RETRY_S = 10.0
+"""An unregistered worker (the daemon was away at its start) asks again this often."""
 INSTANCE_FILE = "agentpark-held-instance"
 """In ``tpu_sync_shm_dir``: the instance name of the host memory TPU Sync's segments hold."""
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -285,6 +288,7 @@ class TpuWorker:
         self.held = Held(BACKEND, self.copies.start(), host_blocks)
         self.pool_id = f"{BACKEND}:{self.held.instance}"
         self.registered = False
+        self._next_register = 0.0
         self._stored: set[int] = set()
         log.info(
             "agentpark worker (TPU): TPU Sync holds %d host blocks of %d bytes (%s)",
@@ -298,16 +302,28 @@ class TpuWorker:
         return self.copies.layout
 
     def register(self) -> bool:
-        """Tell the daemon the layout and where the bytes are held; False if it did not take it."""
+        """Tell the daemon the layout and where the bytes are held; False if it did not take it.
+
+        Quick for the daemon (a record, no file): bounded at 5 s, off the scheduling path.
+        """
+        self._next_register = time.monotonic() + REGISTER_RETRY_S
         answer = self.client.call(
-            "register", wait_s=30.0, layout=self.layout.to_wire(), held=self.held.to_wire()
+            "register", wait_s=5.0, layout=self.layout.to_wire(), held=self.held.to_wire()
         )
         if answer is None:
             return False
         if not answer.get("ok"):
             self.client.degraded("layout_refused", str(answer.get("error")))
             return False
-        self.registered = answer["held"]["pool_id"] == self.pool_id
+        held = answer.get("held")
+        self.registered = isinstance(held, dict) and held.get("pool_id") == self.pool_id
+        return self.registered
+
+    def maybe_register(self) -> bool:
+        """Register if not registered yet (at most every ``REGISTER_RETRY_S``): without it a
+        daemon that was away when vLLM started would never get a pool to plan parks in."""
+        if not self.registered and time.monotonic() >= self._next_register:
+            self.register()
         return self.registered
 
     def run_stores(self, stores: Iterable[StoreMeta]) -> set[str]:

@@ -8,10 +8,11 @@ Configure vLLM with::
 
 (optional extra keys: ``token``, ``timeout_ms`` (default 50, or
 ``$AGENTPARK_CONNECTOR_TIMEOUT_MS``; the worker's calls wait 20 times that), ``tenant``
-(default "default")). A request takes part when its body has ``kv_transfer_params: {"agentpark":
-{"session_id": ..., "tool": ..., "expected_resume_s": ...}}``; the response's
-``kv_transfer_params.agentpark`` says ``decision``, ``why``, ``restored_tokens`` and
-``restored_from``.
+(default "default"); on TPU ``tpu_sync_host_bytes`` (default 1 GiB) and
+``tpu_sync_shm_dir``, see ``register_runner``). A request takes part when its body has
+``kv_transfer_params: {"agentpark": {"session_id": ..., "tool": ...,
+"expected_resume_s": ...}}``; the response's ``kv_transfer_params.agentpark`` says
+``decision``, ``why``, ``restored_tokens`` and ``restored_from``.
 
 Scheduler side (vLLM's engine-core process):
 
@@ -521,6 +522,8 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         self._run_stores()  # wait_for_save is not called on every path (deferred finalize)
+        if self._tpu is not None:
+            self._tpu.maybe_register()
         self._seen_finished.update(finished_req_ids)
         ready = self._done_sending & self._seen_finished
         self._done_sending -= ready

@@ -371,3 +371,13 @@ def test_a_vllm_restart_reattaches_tpu_syncs_shm_segments_and_the_next_turn_load
     np.testing.assert_array_equal(np.load(out), expected)
     assert not np.array_equal(expected, np.stack(blocks_of(Runner(make_caches(12)), [20, 21, 22])))
     assert daemon.service.driver.core.get(TENANT, "s").state == State.ACTIVE
+
+
+def test_a_worker_the_daemon_did_not_hear_at_its_start_registers_from_a_later_step(
+    control_daemon: ControlDaemon, make_worker: Callable[..., TpuWorker]
+) -> None:
+    worker = make_worker()  # the manager is built without the daemon: the memory is ours
+    assert control_daemon.service.tier is None and not worker.registered
+    assert worker.maybe_register()  # what the connector's get_finished calls
+    assert isinstance(control_daemon.service.tier, BackendHeldTier)
+    assert control_daemon.service.pool_id == worker.pool_id
