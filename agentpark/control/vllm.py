@@ -361,6 +361,13 @@ class VllmService:
             raise ValueError(f"unknown format {record.get('format')!r}")
         return Layout.from_wire(record["layout"]), Held.from_wire(record["held"])
 
+    def capacity_bytes(self) -> int:
+        """The pool's size: ``vllm.pool_capacity``, or what the worker's backend holds."""
+        tier = self.tier
+        if isinstance(tier, BackendHeldTier):
+            return tier.capacity_bytes
+        return self.capacity
+
     def pool_file(self, tier: FileTier) -> PoolFile:
         header = read_header(tier.path)
         st = tier.path.stat()
