@@ -350,8 +350,8 @@ class PinnedPut:
         self.size = size
         self.on_device_kind = jax.sharding.SingleDeviceSharding(device, memory_kind=DEVICE)
         self.on_host_kind = jax.sharding.SingleDeviceSharding(device, memory_kind=PINNED_HOST)
-        words = np.full(size // 4, 0x01010101, dtype=np.uint32)
-        self.on_device: jax.Array | None = jax.device_put(words, self.on_device_kind)
+        ones = np.ones(size, dtype=np.uint8)
+        self.on_device: jax.Array | None = jax.device_put(ones, self.on_device_kind)
         self.on_host: jax.Array | None = jax.device_put(self.on_device, self.on_host_kind)
         self.on_host.block_until_ready()
 
