@@ -165,10 +165,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     transfer.add_argument(
         "--backend",
-        choices=("host_copy", "tpu_sync"),
+        choices=("host_copy", "jax_memkind", "tpu_sync"),
         default="host_copy",
-        help="DMA backend: tpu_sync runs TPU Sync's KVCacheManager (agentpark[tpu]; on "
-        "JAX's CPU platform too), dram tier only, --copy-threads 1 only",
+        help="DMA backend: jax_memkind moves blocks device <-> pinned_host with "
+        "jax.device_put and is judged against a plain pinned device_put of the same bytes "
+        "(the GPU check, deploy/gpu-check.sh; on JAX's CPU platform too); tpu_sync runs TPU "
+        "Sync's KVCacheManager (agentpark[tpu]; on JAX's CPU platform too); both dram tier "
+        "only, --copy-threads 1 only",
     )
     transfer.add_argument(
         "--dir",

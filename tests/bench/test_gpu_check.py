@@ -1,0 +1,79 @@
+"""deploy/gpu-check.sh, the GPU check: never run here (no GPU, no CUDA wheel may be
+installed), only checked: it parses as bash, pins the jax the project runs, and its bench
+command line is one the real CLI accepts."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import jax
+from packaging.requirements import Requirement
+
+from agentpark import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "deploy" / "gpu-check.sh"
+
+
+def _text() -> str:
+    return SCRIPT.read_text()
+
+
+def _jax_version() -> str:
+    found = re.findall(r"^JAX_VERSION=(\S+)", _text(), flags=re.MULTILINE)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_the_script_parses_as_bash() -> None:
+    bash = shutil.which("bash")
+    assert bash is not None
+    done = subprocess.run([bash, "-n", str(SCRIPT)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert _text().startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in _text()
+
+
+def test_the_script_says_it_is_for_gpu_hosts_only() -> None:
+    header = "".join(line for line in _text().splitlines(keepends=True) if line.startswith("#"))
+    assert "ONLY on a machine with an NVIDIA GPU" in header
+    assert "never run it" in header and "the slow part" in header
+
+
+def test_the_script_pins_the_jax_the_project_runs() -> None:
+    """JAX_VERSION is the jax installed with the project, and the project's requirement
+    allows it: the CUDA jax the script installs is the same release the suite runs."""
+    version = _jax_version()
+    assert version == jax.__version__, (
+        f"deploy/gpu-check.sh installs jax[cuda12]=={version}, the project runs jax "
+        f"{jax.__version__}: update JAX_VERSION"
+    )
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (jax_req,) = [Requirement(d) for d in deps if Requirement(d).name == "jax"]
+    assert jax_req.specifier.contains(version), (jax_req, version)
+    assert '"jax[cuda12]==$JAX_VERSION"' in _text()
+
+
+def test_the_bench_command_is_one_the_cli_accepts() -> None:
+    text = _text().replace("\\\n", " ")
+    (line,) = [ln for ln in text.splitlines() if "bench transfer" in ln]
+    argv = shlex.split(line)
+    argv = argv[argv.index("bench") :]
+    args = cli.parse_args(cli._parser(), argv)
+    assert args.backend == "jax_memkind" and args.tier == "dram"
+    assert args.sizes == "256MiB,1GiB" and args.repeats == 5
+    assert "timeout" in line  # never hangs the lent machine
+    assert "JAX_PLATFORMS=cuda" in _text()  # never measures the CPU by mistake
+
+
+def test_make_gpu_check_runs_the_script() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\ngpu-check:\n\tbash deploy/gpu-check.sh\n" in makefile
+    # Not part of the suite: `make test` never reaches it.
+    test_recipe = makefile.split("\ntest: ", 1)[1].split("\n\n", 1)[0]
+    assert "gpu-check" not in test_recipe
