@@ -4,13 +4,13 @@
 # pinned jax.device_put of the same bytes timed just before it (target >= 0.9x).
 #
 # Run it ONLY on a machine with an NVIDIA GPU (nvidia-smi and its driver). Tests and CI
-# never run it: they only check its syntax and that JAX_VERSION is the jax the project runs
+# never run it: they only check its syntax and its bench command line
 # (tests/bench/test_gpu_check.py). From the repository root:
 #
 #   bash deploy/gpu-check.sh        (or: make gpu-check)
 #
 # It makes a virtualenv ($VENV, default .venv-gpu) and installs agentpark with the CUDA
-# build of jax, jax[cuda12]==$JAX_VERSION: the slow part, gigabytes of CUDA wheels (cuDNN,
+# build of jax, jax[cuda12]==$JAX_VERSION (below): the slow part, gigabytes of CUDA wheels (cuDNN,
 # cuBLAS, ...) from PyPI, minutes on a fresh host (seconds from pip's cache). Then it prints
 # the GPU and the bench's tables; the whole run fits in ~8 minutes (the install and the
 # bench each have a timeout). The output also goes to $OUT/gpu-check.log when $OUT is set.
@@ -23,7 +23,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-JAX_VERSION=0.10.2  # the jax the project runs; tests/bench/test_gpu_check.py keeps it so
+# The CUDA build of the jax release the project's CPU suite runs (.venv, made by make
+# test), so GPU and CPU figures come from one release; unpinned without a .venv.
+JAX_VERSION=${JAX_VERSION:-$(.venv/bin/python -c 'import jax; print(jax.__version__)' 2>/dev/null || true)}
 VENV=${VENV:-.venv-gpu}
 INSTALL_TIMEOUT=${INSTALL_TIMEOUT:-330}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-150}
@@ -47,7 +49,7 @@ check() {
     else
         python3 -m venv "$VENV"
         py="$VENV/bin/python"
-        timeout "$INSTALL_TIMEOUT" "$py" -m pip install --quiet -e . "jax[cuda12]==$JAX_VERSION"
+        timeout "$INSTALL_TIMEOUT" "$py" -m pip install --quiet -e . "jax[cuda12]${JAX_VERSION:+==$JAX_VERSION}"
     fi
 
     export JAX_PLATFORMS=cuda  # fail rather than fall back to the CPU
