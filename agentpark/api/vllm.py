@@ -18,8 +18,17 @@ class VllmInfo(BaseModel):
     protocol: int = Field(description="control protocol version")
     tenant: str = Field(description="the token's tenant: the connector's sessions belong to it")
     control_socket: str = Field(description="unix socket the connector talks to (0600)")
-    pool_path: str = Field(description="the host pool file (/dev/shm)")
+    pool_path: str = Field(
+        description="the host pool file (/dev/shm); not made when pool_held_by is set"
+    )
     pool_capacity_bytes: int
+    pool_held_by: str | None = Field(
+        None,
+        description=(
+            "the engine's DMA backend that holds the parked bytes in its own memory "
+            "(tpu_sync: vLLM on TPU): no pool file, no checksums; null: the pool file"
+        ),
+    )
     degraded: dict[str, int] = Field(description="requests served without agentpark, by cause")
 
 
@@ -42,6 +51,7 @@ def get_vllm(runtime: RuntimeDep, tenant: TenantDep) -> VllmInfo:
         tenant=tenant,
         control_socket=str(service.socket_path),
         pool_path=str(service.pool_path),
-        pool_capacity_bytes=service.capacity,
+        pool_capacity_bytes=service.capacity_bytes(),
+        pool_held_by=None if service.held is None else service.held.backend,
         degraded=dict(service.degraded),
     )

@@ -42,6 +42,17 @@ Sync's host blocks, so there is no checksum-on pause/resume, no checksum table a
 checksummed copy-alone row; ``copy_threads`` (host_copy's) must be 1. The synthetic KV is
 written with host_copy (CPU) or jax_memkind.
 
+``backend="jax_memkind"`` (``--backend jax_memkind``, dram tier only) parks and restores
+through :class:`~agentpark.dma.jax_memkind.JaxMemkindTransfer` (device -> pinned_host ->
+tier rows, and back), and its reference is not np.copyto but :class:`PinnedPut`: one plain
+``jax.device_put`` of one array of the same bytes from the device's memory to ``pinned_host``
+just before each pause, and back just before each restore, blocked until ready. That is the
+DMA the backend cannot beat, so the target is MEMKIND_TARGET_RATIO of it. Checksum off only
+(the checksum is host-side xxh3, the same as host_copy's; the GPU check is about the copy);
+``copy_threads`` must be 1. On JAX's CPU platform both memory kinds are host memory: the bench
+runs, and says that its figures say nothing about a GPU. A JAX without ``pinned_host``
+memory is refused with exit 2 before anything is built.
+
 The shm and disk tier files live in a temporary directory (under /dev/shm, and under the
 current directory or ``directory``) that is removed at the end, also on error.
 """
@@ -59,6 +70,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -86,10 +98,11 @@ from agentpark.bench.common import (
 )
 from agentpark.dma import Transfer, select_transfer
 from agentpark.dma.host_copy import MAX_COPY_THREADS, HostCopyTransfer
-from agentpark.dma.jax_memkind import JaxMemkindTransfer
+from agentpark.dma.jax_memkind import DEVICE, PINNED_HOST, JaxMemkindTransfer
 from agentpark.dma.tpu_sync_shm import tpu_sync_version
 from agentpark.engine.base import EngineAdapter
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
+from agentpark.errors import ConfigError
 from agentpark.integrity import checksum
 from agentpark.parking import CoreOptions, InProcessDriver, SessionCore, in_process_core
 from agentpark.store.db import open_database
@@ -104,6 +117,7 @@ __all__ = [
     "BACKENDS",
     "SHM_ROOT",
     "TIERS",
+    "PinnedPut",
     "PlainFile",
     "SizeResult",
     "first_mismatch",
@@ -111,11 +125,14 @@ __all__ = [
 ]
 
 TIERS = ("dram", "shm", "disk")
-BACKENDS = ("host_copy", "tpu_sync")
+BACKENDS = ("host_copy", "jax_memkind", "tpu_sync")
 SHM_ROOT = Path("/dev/shm")
 TARGET_RATIO = 0.95
 """dram and shm: pause and restore (checksum off and on) should reach this fraction of a
 single-thread np.copyto from TARGET_FROM."""
+MEMKIND_TARGET_RATIO = 0.9
+"""jax_memkind: pause and restore should reach this fraction of a plain pinned device_put of
+the same bytes (d2h for the pause, h2d for the restore) from TARGET_FROM."""
 DISK_TARGET_RATIO = 0.8
 """disk: pause and restore should reach this fraction of a plain file write / read."""
 TARGET_FROM = 256 * MiB
@@ -138,6 +155,8 @@ class SizeResult:
     tier: str = "dram"
     pause_s: list[float] = field(default_factory=list)
     restore_s: list[float] = field(default_factory=list)
+    # The reference just before each pause and restore: np.copyto; for jax_memkind a plain
+    # device_put device -> pinned_host (pause) and pinned_host -> device (restore).
     copy_before_pause_s: list[float] = field(default_factory=list)
     copy_before_restore_s: list[float] = field(default_factory=list)
     checksum_s: list[float] = field(default_factory=list)  # xxh3 over the parked copy
@@ -151,10 +170,16 @@ class SizeResult:
     # "pause+xxh3", "restore+xxh3" (SessionCore, tier checksummed); "d2h", "h2d",
     # "d2h+xxh3", "h2d+xxh3" (the copy alone).
     ops: dict[str, Op] = field(default_factory=dict)
+    backend: str = "host_copy"
 
     @property
     def exact(self) -> bool:
         return self.mismatch is None
+
+    @property
+    def target(self) -> float:
+        """The ratio dram and shm should reach (to the reference of this backend)."""
+        return MEMKIND_TARGET_RATIO if self.backend == "jax_memkind" else TARGET_RATIO
 
     def _gbps(self, seconds: Sequence[float]) -> list[float]:
         return [self.size / s / 1e9 for s in seconds]
@@ -243,12 +268,12 @@ class SizeResult:
                 ("restore/file read", self.restore_file_ratios, DISK_TARGET_RATIO),
             ]
         judged = [
-            ("pause", self.pause_ratios, TARGET_RATIO),
-            ("restore", self.restore_ratios, TARGET_RATIO),
+            ("pause", self.pause_ratios, self.target),
+            ("restore", self.restore_ratios, self.target),
         ]
         for name in ("pause+xxh3", "restore+xxh3"):
             if name in self.ops:
-                judged.append((name, self.ops[name].ratios, TARGET_RATIO))
+                judged.append((name, self.ops[name].ratios, self.target))
         return judged
 
 
@@ -257,7 +282,7 @@ class Op:
     """One timed operation per repeat, each with the references timed just before it."""
 
     s: list[float] = field(default_factory=list)
-    ref1: list[float] = field(default_factory=list)  # np.copyto, one thread
+    ref1: list[float] = field(default_factory=list)  # np.copyto, one thread (or PinnedPut)
     refn: list[float] = field(default_factory=list)  # np.copyto over copy_threads threads
 
     @property
@@ -312,6 +337,41 @@ class PlainFile:
         self.path.unlink(missing_ok=True)
 
 
+class PinnedPut:
+    """The jax_memkind reference: one plain ``jax.device_put`` of one array of ``size`` bytes
+    between the device's memory and ``pinned_host`` memory on ``device``, blocked until ready.
+
+    :meth:`d2h` is what a pause's DMA is, :meth:`h2d` a restore's, without the gather, the
+    scatter, the chunking and the copies into and out of the tier's rows. Each call makes a
+    new array and drops it, as the backend does with its chunks.
+    """
+
+    def __init__(self, size: int, device: jax.Device) -> None:
+        self.size = size
+        self.on_device_kind = jax.sharding.SingleDeviceSharding(device, memory_kind=DEVICE)
+        self.on_host_kind = jax.sharding.SingleDeviceSharding(device, memory_kind=PINNED_HOST)
+        ones = np.ones(size, dtype=np.uint8)
+        self.on_device: jax.Array | None = jax.device_put(ones, self.on_device_kind)
+        self.on_host: jax.Array | None = jax.device_put(self.on_device, self.on_host_kind)
+        self.on_host.block_until_ready()
+
+    def d2h(self) -> None:
+        moved = jax.device_put(self.on_device, self.on_host_kind)
+        moved.block_until_ready()
+        moved.delete()
+
+    def h2d(self) -> None:
+        moved = jax.device_put(self.on_host, self.on_device_kind)
+        moved.block_until_ready()
+        moved.delete()
+
+    def close(self) -> None:
+        for array in (self.on_device, self.on_host):
+            if array is not None:
+                array.delete()
+        self.on_device = self.on_host = None
+
+
 @dataclass
 class _Stack:
     """The real parts of one daemon with the one tier under test, built directly (no HTTP)."""
@@ -322,8 +382,9 @@ class _Stack:
     tier: HostTier
     driver: InProcessDriver
     filler: Transfer  # writes the synthetic KV into the pool from a scratch dram tier
-    copy_threads: int = 1  # host_copy's dma.copy_threads (1 for tpu_sync)
+    copy_threads: int = 1  # host_copy's dma.copy_threads (1 for tpu_sync and jax_memkind)
     hash_thread: bool = False  # host_copy's dma.hash_thread
+    backend: str = "host_copy"
     # host_copy: which path the session core's timed restores took ("in place", "xla").
     restore_paths: set[str] = field(default_factory=set)
 
@@ -331,6 +392,11 @@ class _Stack:
     def bytes_readable(self) -> bool:
         """False for tpu_sync: the parked bytes are TPU Sync's, agentpark cannot read them."""
         return not isinstance(self.tier, BackendHeldTier)
+
+    @property
+    def checksummed(self) -> bool:
+        """Whether the checksum-on rows are measured: host_copy's only (see the module doc)."""
+        return self.backend == "host_copy"
 
     @property
     def parking(self) -> SessionCore:
@@ -374,6 +440,9 @@ class _Stack:
                 )
                 on_cpu = jax.default_backend() == "cpu"
                 filler = HostCopyTransfer() if on_cpu else JaxMemkindTransfer()
+            elif backend == "jax_memkind":
+                tier = DramTier(engine.geometry, largest)
+                transfer = filler = select_transfer("jax_memkind")
             else:
                 tier = _make_tier(tier_name, tier_dir, engine, largest)
                 copier = HostCopyTransfer(copy_threads=copy_threads, hash_thread=hash_thread)
@@ -390,7 +459,9 @@ class _Stack:
                 tier.close()
             store.close()
             raise
-        return cls(store, engine, transfer, tier, driver, filler, copy_threads, hash_thread)
+        return cls(
+            store, engine, transfer, tier, driver, filler, copy_threads, hash_thread, backend
+        )
 
     def close(self) -> None:
         self.parking.close()
@@ -429,8 +500,9 @@ def run_transfer_bench(
     (tmpfs) is refused. The progress bar goes to ``progress_console`` (stderr by default).
     Returns 2 for arguments that cannot be measured: sizes that are not a whole number of KV
     tokens, ``repeats < 1``, an unknown tier, a directory that cannot hold the files, or
-    ``copy_threads`` outside 1..64, an unknown ``backend``, or ``backend="tpu_sync"`` with
-    another tier than dram, ``copy_threads`` > 1 or ``hash_thread``.
+    ``copy_threads`` outside 1..64, an unknown ``backend``, or ``backend="tpu_sync"`` or
+    ``"jax_memkind"`` with another tier than dram, ``copy_threads`` > 1 or ``hash_thread``, or
+    ``"jax_memkind"`` on a JAX whose device lacks the ``device`` or ``pinned_host`` memory kind.
     """
     out = console if console is not None else stdout_console(200 if tier == "disk" else 150)
     err = progress_console if progress_console is not None else Console(stderr=True)
@@ -439,15 +511,8 @@ def run_transfer_bench(
         problem = f"--copy-threads must be 1..{MAX_COPY_THREADS}, got {copy_threads}"
     if problem is None and backend not in BACKENDS:
         problem = f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
-    if problem is None and backend == "tpu_sync" and tier != "dram":
-        problem = "--backend tpu_sync parks into TPU Sync's host memory: --tier dram only"
-    if problem is None and backend == "tpu_sync" and copy_threads != 1:
-        problem = (
-            f"--copy-threads is host_copy's dma.copy_threads; --backend tpu_sync copies with "
-            f"TPU Sync's own workers: leave it at 1, got {copy_threads}"
-        )
-    if problem is None and backend == "tpu_sync" and hash_thread:
-        problem = "--hash-thread is host_copy's dma.hash_thread; --backend tpu_sync has no checksum"
+    if problem is None and backend != "host_copy":
+        problem = _backend_problem(backend, tier, copy_threads, hash_thread)
     if problem is not None:
         err.print(f"agentpark: {problem}", soft_wrap=True, highlight=False)
         return 2
@@ -467,9 +532,8 @@ def run_transfer_bench(
         cleanup.callback(stack.close)
         ncopy = _threaded_copyto(copy_threads, cleanup)
         with progress_bar(err) as progress:
-            readable = stack.bytes_readable
             # Per repeat: pause, restore, (checksum on,) copy alone.
-            per_repeat = 4 if readable else 3
+            per_repeat = 4 if stack.checksummed else 3
             label = tier if backend == "host_copy" else f"{tier}, {backend}"
             task = progress.add_task(
                 f"transfer bench ({label})", total=len(sizes) * (2 + per_repeat * repeats)
@@ -483,10 +547,10 @@ def run_transfer_bench(
                 gc.collect()
         notes = _notes(stack, tier, tier_dir, repeats)
     out.print(_table(tier, results, copy_threads, backend))
-    if backend != "tpu_sync":  # agentpark cannot read TPU Sync's host blocks
+    if backend == "host_copy":  # the others: checksum off only (see the module doc)
         out.print(_checksum_table(results, copy_threads))
     out.print(_copy_alone_table(results, copy_threads, backend, hash_thread))
-    if backend != "tpu_sync":
+    if backend == "host_copy":
         out.print(_paths_table(results, hash_thread))
         out.print(_restore_paths_table(results, copy_threads))
     for note in notes:
@@ -500,6 +564,27 @@ def run_transfer_bench(
     if tier != "disk":
         out.print(_copy_alone_verdict(results, backend), soft_wrap=True, highlight=False)
     return 1 if failed else 0
+
+
+def _backend_problem(backend: str, tier: str, copy_threads: int, hash_thread: bool) -> str | None:
+    """Why ``backend`` (tpu_sync or jax_memkind) cannot be benched with these flags."""
+    if tier != "dram":
+        where = "TPU Sync's host memory" if backend == "tpu_sync" else "a dram tier"
+        return f"--backend {backend} parks into {where}: --tier dram only"
+    if copy_threads != 1:
+        workers = "TPU Sync's own workers" if backend == "tpu_sync" else "jax.device_put"
+        return (
+            f"--copy-threads is host_copy's dma.copy_threads; --backend {backend} copies with "
+            f"{workers}: leave it at 1, got {copy_threads}"
+        )
+    if hash_thread:
+        return f"--hash-thread is host_copy's dma.hash_thread; --backend {backend} has no checksum"
+    if backend == "jax_memkind":
+        try:
+            select_transfer("jax_memkind")
+        except ConfigError as exc:
+            return f"--backend jax_memkind: {exc.message}"
+    return None
 
 
 def _threaded_copyto(
@@ -581,8 +666,8 @@ def _bench_size(
     ncopy: Callable[[np.ndarray, np.ndarray], None] | None = None,
 ) -> SizeResult:
     parking, engine, tier = stack.parking, stack.engine, stack.tier
-    readable = stack.bytes_readable
-    result = SizeResult(size, tier.name, copy_threads=stack.copy_threads)
+    checksummed = stack.checksummed
+    result = SizeResult(size, tier.name, copy_threads=stack.copy_threads, backend=stack.backend)
     session_id = f"kv-{size}"
     num_blocks = size // engine.geometry.block_nbytes
     num_tokens = size // TOKEN_BYTES
@@ -591,17 +676,26 @@ def _bench_size(
     parking.create(TENANT, session_id, {"bench": "transfer", "kv_bytes": size})
     key = (TENANT, session_id)
     plain: PlainFile | None = None
+    put: PinnedPut | None = None
     try:
         blocks = engine.allocator.allocate(key, num_blocks)
         expected = _fill_blocks(stack, blocks, rng)  # the bytes the session must get back
         tokens = rng.integers(0, engine.vocab_size, num_tokens).tolist()
         stack.driver.adopt_kv(TENANT, session_id, tokens, blocks, np.zeros(engine.vocab_size, "f4"))
         result.mismatch = pool_mismatch(engine, expected, blocks, "after fill")
-        src, dst = prefaulted(size), prefaulted(size)
+        # The reference timed just before a pause (d2h) and a restore (h2d).
+        ref_d2h: Callable[[], object]
+        ref_h2d: Callable[[], object]
+        if stack.backend == "jax_memkind":
+            put = PinnedPut(size, _pool_device(engine))
+            ref_d2h, ref_h2d = put.d2h, put.h2d
+        else:
+            src, dst = prefaulted(size), prefaulted(size)
+            ref_d2h, ref_h2d = partial(np.copyto, dst, src), partial(np.copyto, src, dst)
 
         def measure(name: str, fn: Callable[..., object], *args: object) -> None:
             op = result.op(name)
-            op.ref1.append(timed(np.copyto, dst, src))
+            op.ref1.append(timed(ref_h2d if name.startswith(("h2d", "restore")) else ref_d2h))
             if ncopy is not None:
                 op.refn.append(timed(ncopy, dst, src))
             op.s.append(timed(fn, *args))
@@ -613,7 +707,8 @@ def _bench_size(
             # Warm-up, untimed: SQLite, caches, the tier's pages. A pause whose tier slots
             # wrap around the end of the tier restores as two runs; cycling through the whole
             # tier once also meets every window shape (compiled by transfer.warmup already).
-            np.copyto(dst, src)
+            ref_d2h()
+            ref_h2d()
             if plain is not None:
                 plain.write(src)
                 plain.read(dst)
@@ -623,17 +718,17 @@ def _bench_size(
             result.mismatch = pool_mismatch(engine, expected, after, "after warm-up")
         step("warm-up")
         for _ in range(repeats if result.exact else 0):
-            result.copy_before_pause_s.append(timed(np.copyto, dst, src))
+            result.copy_before_pause_s.append(timed(ref_d2h))
             if ncopy is not None:
                 result.ncopy_before_pause_s.append(timed(ncopy, dst, src))
             if plain is not None:
                 result.file_write_s.append(timed(plain.write, src))
             result.pause_s.append(timed(park, parking, session_id, tier.name))
-            if readable:
+            if checksummed:
                 slots = _parked_slots(parking, session_id)
                 result.checksum_s.append(timed(checksum, tier, slots))
             step("pause")
-            result.copy_before_restore_s.append(timed(np.copyto, src, dst))
+            result.copy_before_restore_s.append(timed(ref_h2d))
             if ncopy is not None:
                 result.ncopy_before_restore_s.append(timed(ncopy, src, dst))
             if plain is not None:
@@ -643,7 +738,7 @@ def _bench_size(
             if path is not None:
                 stack.restore_paths.add(path)
             step("restore")
-            if readable:  # tpu_sync: no checksum on, agentpark cannot read its host blocks
+            if checksummed:  # host_copy only (see the module doc)
                 parking.mover.checksum_tiers = frozenset({tier.name})
                 try:
                     measure("pause+xxh3", park, parking, session_id, tier.name)
@@ -660,6 +755,8 @@ def _bench_size(
     finally:
         if plain is not None:
             plain.close()
+        if put is not None:
+            put.close()
         parking.delete(TENANT, session_id)
     return result
 
@@ -670,12 +767,12 @@ def _copy_alone(stack: _Stack, key: tuple[str, str], measure: Callable[..., None
     engine, tier, dma = stack.engine, stack.tier, stack.transfer
     blocks = _blocks_of(engine, key)
     slots = tier.allocate("bench-copy-alone", len(blocks))
-    digests = ((False, ""), (True, "+xxh3")) if stack.bytes_readable else ((False, ""),)
+    digests = ((False, ""), (True, "+xxh3")) if stack.checksummed else ((False, ""),)
     try:
         for digest, suffix in digests:
             measure(f"d2h{suffix}", dma.d2h, engine, blocks, tier, slots, digest)
             measure(f"h2d{suffix}", dma.h2d, tier, slots, engine, blocks, digest)
-        if stack.bytes_readable and isinstance(dma, HostCopyTransfer):
+        if stack.checksummed and isinstance(dma, HostCopyTransfer):
             # The other checksum path, in the same repeat: hash thread <-> fused.
             dma.hash_thread = not stack.hash_thread
             try:
@@ -692,6 +789,13 @@ def _copy_alone(stack: _Stack, key: tuple[str, str], measure: Callable[..., None
                 dma.in_place = True
     finally:
         tier.free("bench-copy-alone")
+
+
+def _pool_device(engine: EngineAdapter) -> jax.Device:
+    """The device the pool lives on (the bench's engine is on one device)."""
+    with engine.lock:
+        pool = engine.kv_pool()[0]
+        return next(iter(pool.sharding.device_set))
 
 
 def _round_trip(parking: SessionCore, session_id: str, tier: str) -> None:
@@ -748,11 +852,13 @@ def _table(
     tier: str, results: Sequence[SizeResult], threads: int = 1, backend: str = "host_copy"
 ) -> Table:
     disk = tier == "disk"
+    memkind = backend == "jax_memkind"
     flags = f"--tier {tier}" + (f" --backend {backend}" if backend != "host_copy" else "")
-    title = f"agentpark bench transfer {flags}: SessionCore.pause/resume vs np.copyto"
+    title = f"agentpark bench transfer {flags}: SessionCore.pause/resume vs {_reference(backend)}"
     table = Table(title=title + (" and a plain file write/read" if disk else ""))
-    names = ["KV/session", "pause GB/s", "restore GB/s", "copyto GB/s", "pause ratio"]
-    names.append("restore ratio")
+    names = ["KV/session", "pause GB/s", "restore GB/s"]
+    names += ["put d2h GB/s", "put h2d GB/s"] if memkind else ["copyto GB/s"]
+    names += ["pause ratio", "restore ratio"]
     if threads > 1:
         names += [f"copyto x{threads} GB/s", f"pause/x{threads}", f"restore/x{threads}"]
     if disk:
@@ -766,8 +872,11 @@ def _table(
             continue
         judged = r.size >= TARGET_FROM
         cells = [human(r.size), spread(r.pause_gbps), spread(r.restore_gbps)]
-        cells.append(spread(r.copy_before_pause_gbps + r.copy_before_restore_gbps))
-        memcpy_target = TARGET_RATIO if judged and not disk else None
+        if memkind:
+            cells += [spread(r.copy_before_pause_gbps), spread(r.copy_before_restore_gbps)]
+        else:
+            cells.append(spread(r.copy_before_pause_gbps + r.copy_before_restore_gbps))
+        memcpy_target = r.target if judged and not disk else None
         cells.append(_ratio_cell(r.pause_ratios, memcpy_target))
         cells.append(_ratio_cell(r.restore_ratios, memcpy_target))
         if threads > 1:
@@ -812,11 +921,25 @@ def _checksum_table(results: Sequence[SizeResult], threads: int = 1) -> Table:
 
 
 _ALONE = ("d2h", "h2d", "d2h+xxh3", "h2d+xxh3")
-_ALONE_UNCHECKED = ("d2h", "h2d")  # tpu_sync: checksum off only
+_ALONE_UNCHECKED = ("d2h", "h2d")  # tpu_sync and jax_memkind: checksum off only
+_DMA_CLASS = {
+    "host_copy": "HostCopyTransfer",
+    "jax_memkind": "JaxMemkindTransfer",
+    "tpu_sync": "TpuSyncTransfer",
+}
 
 
 def _alone_ops(backend: str) -> tuple[str, ...]:
-    return _ALONE_UNCHECKED if backend == "tpu_sync" else _ALONE
+    return _ALONE if backend == "host_copy" else _ALONE_UNCHECKED
+
+
+def _reference(backend: str) -> str:
+    """The reference each ratio divides by, as the tables name it."""
+    return "a plain pinned jax.device_put" if backend == "jax_memkind" else "np.copyto"
+
+
+def _target(backend: str) -> float:
+    return MEMKIND_TARGET_RATIO if backend == "jax_memkind" else TARGET_RATIO
 
 
 def _path(hash_thread: bool) -> str:
@@ -830,11 +953,13 @@ def _copy_alone_table(
     hash_thread: bool = False,
 ) -> Table:
     tier = results[0].tier if results else "?"
-    dma = "TpuSyncTransfer" if backend == "tpu_sync" else "HostCopyTransfer"
-    table = Table(title=f"the copy alone ({tier}): {dma}.d2h/h2d, no SQLite, over np.copyto")
+    dma = _DMA_CLASS[backend]
+    table = Table(
+        title=f"the copy alone ({tier}): {dma}.d2h/h2d, no SQLite, over {_reference(backend)}"
+    )
     alone = _alone_ops(backend)
     heads = ["pause", "restore", "pause+xxh3", "restore+xxh3"][: len(alone)]
-    if backend != "tpu_sync":
+    if backend == "host_copy":
         here = _path(hash_thread)
         heads = [*heads[:2], f"pause+xxh3 ({here})", f"restore+xxh3 ({here})"]
     names = ["KV/session", *heads]
@@ -847,7 +972,7 @@ def _copy_alone_table(
         if any(op is None or not op.s for op in ops):
             table.add_row(human(r.size), *["-"] * (len(names) - 1))
             continue
-        target = TARGET_RATIO if r.size >= TARGET_FROM and tier != "disk" else None
+        target = r.target if r.size >= TARGET_FROM and tier != "disk" else None
         cells = [human(r.size), *(_ratio_cell(op.ratios, target) for op in ops if op)]
         if threads > 1:
             cells += [_ratio_cell(op.nratios, None) for op in ops if op]
@@ -914,24 +1039,34 @@ def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> lis
         if threads > 1
         else "."
     )
-    if stack.bytes_readable:
+    if stack.checksummed:
         tables = (
             "with checksums off in the first table and on in the second; the third times "
             f"HostCopyTransfer.d2h/h2d alone. {threads_note}"
         )
     else:
-        tables = "with checksums off; the second table times TpuSyncTransfer.d2h/h2d alone."
+        dma = _DMA_CLASS[stack.backend]
+        tables = f"with checksums off; the second table times {dma}.d2h/h2d alone."
+    reference = (
+        "a plain jax.device_put of one array of the same bytes, from the device's memory to "
+        "pinned_host before a pause (put d2h) and back before a restore (put h2d), blocked "
+        "until ready"
+        if stack.backend == "jax_memkind"
+        else "same size, preallocated, pre-faulted buffers"
+    )
     notes = [
         f"GB = 1e9 bytes; median (min-max) of {repeats} repeats; a ratio is, per repeat, the "
-        "operation's GB/s over the reference run just before it (same size, preallocated, "
-        "pre-faulted buffers); pause and restore are timed around SessionCore.pause/resume "
+        f"operation's GB/s over the reference run just before it ({reference}); pause and "
+        "restore are timed around SessionCore.pause/resume "
         f"(SQLite writes included), {tables}",
         f"pool {geometry.num_blocks} blocks x {human(geometry.block_nbytes)} "
         f"({geometry.block_size} tokens), {tier} tier {human(tier_bytes)}, "
         f"dma {stack.transfer.name}, jax {jax.__version__} ({jax.default_backend()}), "
         f"numpy {np.__version__}.",
     ]
-    if stack.bytes_readable:
+    if stack.backend == "jax_memkind":
+        notes.append(_memkind_note(stack))
+    elif stack.checksummed:
         path = (
             "dma.hash_thread = true: hashed on a second thread, 4 MiB spans behind the pause's "
             "copy and beside the restore's write (the copier hashes a span itself when that "
@@ -947,8 +1082,8 @@ def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> lis
             "over the parked copy (one core). The fused-vs-hash-thread table times both paths "
             "of the copy alone in the same repeats."
         )
-        dma = stack.transfer
-        if isinstance(dma, HostCopyTransfer):
+        copier = stack.transfer
+        if isinstance(copier, HostCopyTransfer):
             went = " and ".join(sorted(stack.restore_paths)) or "-"
             notes.append(
                 "restore: in place (numpy writes into the pool arrays' own memory, "
@@ -984,9 +1119,30 @@ def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> lis
     return notes
 
 
+def _memkind_note(stack: _Stack) -> str:
+    """Where jax_memkind ran: the platform and device, so a GPU run's output says so."""
+    device = _pool_device(stack.engine)
+    platform = jax.default_backend()
+    note = (
+        f"jax_memkind ran on JAX platform {platform!r}, device {device.device_kind!r} "
+        f"({device}); the pool is in the 'device' memory kind, parked rows go through "
+        "'pinned_host'; checksum off only (host_copy's bench measures the xxh3 cost)."
+    )
+    if platform == "cpu":
+        note += (
+            " On the CPU platform 'device' and 'pinned_host' are both host memory, so these "
+            "figures say nothing about a GPU (or TPU) DMA: run deploy/gpu-check.sh on a GPU host."
+        )
+    return note
+
+
 def _copy_alone_verdict(results: Sequence[SizeResult], backend: str = "host_copy") -> str:
-    checked = "checksum off" if backend == "tpu_sync" else "checksum off and on"
-    head = f"the copy alone: ratio >= {TARGET_RATIO} from {human(TARGET_FROM)} up, {checked}: "
+    checked = "checksum off and on" if backend == "host_copy" else "checksum off"
+    target = _target(backend)
+    head = (
+        f"the copy alone: ratio >= {target} {_of_reference(backend)}from {human(TARGET_FROM)} "
+        f"up, {checked}: "
+    )
     judged = [r for r in results if r.size >= TARGET_FROM and r.ops.get("d2h")]
     if not judged:
         return head + "no size to judge"
@@ -994,9 +1150,16 @@ def _copy_alone_verdict(results: Sequence[SizeResult], backend: str = "host_copy
         f"{name} at {human(r.size)} ({statistics.median(r.ops[name].ratios):.2f})"
         for r in judged
         for name in _alone_ops(backend)
-        if statistics.median(r.ops[name].ratios) < TARGET_RATIO
+        if statistics.median(r.ops[name].ratios) < target
     ]
     return head + ("met" if not misses else "MISSED: " + ", ".join(misses))
+
+
+def _of_reference(backend: str) -> str:
+    """What a verdict's ratio is to, when it is not single-thread np.copyto ('' then)."""
+    if backend != "jax_memkind":
+        return ""
+    return "of a plain pinned jax.device_put of the same bytes (d2h: pause, h2d: restore) "
 
 
 def _verdict(tier: str, results: Sequence[SizeResult], backend: str = "host_copy") -> str:
@@ -1006,10 +1169,10 @@ def _verdict(tier: str, results: Sequence[SizeResult], backend: str = "host_copy
             f"{human(TARGET_FROM)} up: "
         )
     else:
-        checked = "checksum off" if backend == "tpu_sync" else "checksum off and on"
+        checked = "checksum off and on" if backend == "host_copy" else "checksum off"
         head = (
-            f"target: ratio >= {TARGET_RATIO} from {human(TARGET_FROM)} up, both directions, "
-            f"{checked}: "
+            f"target: ratio >= {_target(backend)} {_of_reference(backend)}from "
+            f"{human(TARGET_FROM)} up, both directions, {checked}: "
         )
     judged = [r for r in results if r.size >= TARGET_FROM and r.pause_s]
     if not judged:

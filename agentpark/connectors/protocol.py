@@ -14,7 +14,9 @@ Operations (the fields each takes are the keyword arguments of the daemon's hand
 
 =================  ======================================================================
 hello              the daemon's version and protocol number
-register           a worker's KV layout -> the host pool file to map (created or re-attached)
+register           a worker's KV layout -> the host pool file to map (created or re-attached);
+                   with ``held`` (:class:`Held`: TPU Sync keeps the bytes in the worker's
+                   own host memory) the daemon makes no file and keeps slot bookkeeping only
 match              how many tokens beyond ``num_computed`` a session's parked copy holds
 begin_load         take the parked copy for a load: tier slots and checksum for the worker
 load_done          the worker loaded (or found the copy damaged): commit or drop it
@@ -37,9 +39,11 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "HELD_BACKENDS",
     "MAX_BLOB",
     "MAX_JSON",
     "PROTOCOL",
+    "Held",
     "Layout",
     "PoolFile",
     "ProtocolError",
@@ -59,6 +63,9 @@ _HEAD = struct.Struct("<II")
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 TOOL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 PARAM_KEYS = frozenset({"session_id", "tool", "expected_resume_s", "tenant"})
+HELD_BACKENDS = frozenset({"tpu_sync"})
+"""Backends that keep parked bytes in the worker's own host memory (``register`` with held)."""
+INSTANCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
 class ProtocolError(Exception):
@@ -177,6 +184,42 @@ class PoolFile:
             tuple(int(n) for n in raw["block_nbytes"]),
             str(raw["pool_id"]),
         )
+
+
+@dataclass(frozen=True)
+class Held:
+    """Where a worker whose DMA backend keeps the parked bytes itself holds them.
+
+    TPU Sync allocates (and, on a TPU, pins) its host blocks in the worker's process and
+    keeps them in the TPU's tiled layout; no one else can read them. The daemon's pool is
+    then slot bookkeeping only: slot ``s`` is the backend's host block ``s``, and there are
+    ``capacity_blocks`` of them (the worker sized them). ``instance`` names that host
+    memory: a new value means the bytes of an earlier one are gone (the worker restarted
+    without re-attaching TPU Sync's shm segments), so the daemon drops what it had parked
+    there; the same value (a daemon restart, or a worker that re-attached the segments)
+    keeps it.
+    """
+
+    backend: str
+    instance: str
+    capacity_blocks: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, raw: dict[str, Any]) -> Held:
+        try:
+            held = cls(str(raw["backend"]), str(raw["instance"]), int(raw["capacity_blocks"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"bad held: {exc!r}") from None
+        if held.backend not in HELD_BACKENDS:
+            raise ProtocolError(f"bad held: unknown backend {held.backend[:32]!r}")
+        if not INSTANCE_RE.match(held.instance):
+            raise ProtocolError("bad held: instance must be 1-128 letters, digits or ._:-")
+        if not 0 < held.capacity_blocks <= 1 << 31:
+            raise ProtocolError("bad held: capacity_blocks must be in 1..2**31")
+        return held
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,11 @@ Configure vLLM with::
 
 (optional extra keys: ``token``, ``timeout_ms`` (default 50, or
 ``$AGENTPARK_CONNECTOR_TIMEOUT_MS``; the worker's calls wait 20 times that), ``tenant``
-(default "default")). A request takes part when its body has ``kv_transfer_params: {"agentpark":
-{"session_id": ..., "tool": ..., "expected_resume_s": ...}}``; the response's
-``kv_transfer_params.agentpark`` says ``decision``, ``why``, ``restored_tokens`` and
-``restored_from``.
+(default "default"); on TPU ``tpu_sync_host_bytes`` (default 1 GiB) and
+``tpu_sync_shm_dir``, see ``register_runner``). A request takes part when its body has
+``kv_transfer_params: {"agentpark": {"session_id": ..., "tool": ...,
+"expected_resume_s": ...}}``; the response's ``kv_transfer_params.agentpark`` says
+``decision``, ``why``, ``restored_tokens`` and ``restored_from``.
 
 Scheduler side (vLLM's engine-core process):
 
@@ -30,6 +31,10 @@ which makes or re-attaches the pool file; copies run in ``start_load_kv`` (loads
 ``get_finished`` (stores, reported done in the same call); a load whose parked copy
 fails its checksum is not used: its blocks go to ``get_block_ids_with_load_errors`` and
 vLLM recomputes them (this connector sets ``kv_load_failure_policy`` to "recompute").
+
+vLLM on TPU (tpu-inference): the runner registers itself (``register_runner``) and the
+copies go through TPU Sync, which holds the parked bytes (agentpark.connectors.tpu;
+UNVERIFIED: no TPU here).
 
 Never fails vLLM: daemon down or slow, pool full, damaged copy, unknown session, bad
 params all go on as without a connector, counted per cause and logged once.
@@ -63,6 +68,7 @@ from agentpark.connectors.protocol import (
     encode_tokens,
     parse_params,
 )
+from agentpark.connectors.steps import LoadMeta, StoreMeta
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -74,6 +80,8 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
+    from agentpark.connectors.tpu import RunnerLike, TpuWorker
+
 __all__ = ["TIMEOUT_ENV", "AgentparkConnector", "AgentparkMetadata"]
 
 TIMEOUT_ENV = "AGENTPARK_CONNECTOR_TIMEOUT_MS"
@@ -81,27 +89,6 @@ TIMEOUT_ENV = "AGENTPARK_CONNECTOR_TIMEOUT_MS"
 
 # A child of vLLM's logger: its handler, format and level (INFO) apply in vLLM's processes.
 log = logging.getLogger("vllm.agentpark")
-
-
-@dataclass
-class StoreMeta:
-    req_id: str
-    store_id: int
-    block_ids: list[int]
-    slots: list[int]
-    checksum: bool
-    pool_id: str | None
-
-
-@dataclass
-class LoadMeta:
-    req_id: str
-    load_id: int
-    block_ids: list[int]  # the engine blocks to fill, in order
-    slots: list[int]  # the pool slots they come from
-    parked_slots: list[int]  # the whole parked copy (what the checksum covers)
-    checksum: str | None
-    pool_id: str | None
 
 
 @dataclass
@@ -181,6 +168,7 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
         self._done_sending: set[str] = set()
         self._seen_finished: set[str] = set()
         self._stored: set[int] = set()
+        self._tpu: TpuWorker | None = None  # vLLM on TPU: the worker side over JAX arrays
 
     @staticmethod
     def _unsupported(vllm_config: VllmConfig) -> str | None:
@@ -342,6 +330,9 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         if self._disabled is not None:
             return
+        if not isinstance(kv_caches, dict):  # JAX arrays (TPU): see register_runner
+            log.info("agentpark worker: KV caches are not torch tensors; waiting for the runner")
+            return
         try:
             self._sources, self._layout = self._read_layout(kv_caches)
         except ValueError as exc:
@@ -349,6 +340,42 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
             log.warning("agentpark connector off: %s", self._disabled)
             return
         self._ensure_pool(None)
+
+    def register_runner(self, runner: RunnerLike) -> None:
+        """vLLM on TPU (tpu-inference) calls this instead of register_kv_caches.
+
+        The runner, not its arrays, is kept: ``runner.kv_caches`` is reassigned by every
+        forward (donated buffers). Copies then go through TPU Sync
+        (agentpark.connectors.tpu), which holds the parked bytes in this process; extra
+        config ``tpu_sync_host_bytes`` (default 1 GiB) sizes them and ``tpu_sync_shm_dir``
+        keeps them over a vLLM restart (TPU Sync's shm segments).
+
+        UNVERIFIED (no TPU here): the call from tpu-inference and everything on a TPU; the
+        worker class itself is tested on CPU against TPU Sync's real wheel.
+        """
+        if self._disabled is not None:
+            return
+        try:
+            from agentpark.connectors.tpu import TpuWorker, host_config  # JAX: only here
+
+            extra = self._kv_transfer_config.kv_connector_extra_config or {}
+            host_bytes, shm_dir = host_config(extra)
+            dtype = str(runner.kv_caches[0].dtype) if runner.kv_caches else "none"
+            num_blocks = self._kv_cache_config.num_blocks if self._kv_cache_config else None
+            self._tpu = TpuWorker(
+                self.client,
+                runner,
+                block_size=self.block_size,
+                model_uid=model_uid(self.vllm_config, f"jax.{dtype}"),
+                host_bytes=host_bytes,
+                shm_dir=shm_dir,
+                num_blocks=None if num_blocks is None else int(num_blocks),
+            )
+        except Exception as exc:  # ImportError, a layout or TPU Sync refusing: stay out
+            self._disabled = f"the TPU path cannot start: {exc}"
+            log.warning("agentpark connector off: %s", self._disabled)
+            return
+        self._tpu.register()
 
     def _read_layout(self, kv_caches: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], Layout]:
         """One source view per copyable array, block axis first, from the real tensors."""
@@ -422,6 +449,11 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
         meta = self._get_connector_metadata()
         assert isinstance(meta, AgentparkMetadata)
         self._invalid.update(meta.invalid)
+        if self._tpu is not None:
+            # TPU: wait_for_save runs only when tokens are scheduled; stores run here too.
+            self._done_sending |= self._tpu.run_stores(meta.stores)
+            self._invalid |= self._tpu.run_loads(meta.loads)
+            return
         for load in meta.loads:
             ok, cause = False, "copy_error"
             try:
@@ -463,6 +495,9 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
             return
         meta = self._get_connector_metadata()
         assert isinstance(meta, AgentparkMetadata)
+        if self._tpu is not None:
+            self._done_sending |= self._tpu.run_stores(meta.stores)
+            return
         for store in meta.stores:
             if store.store_id in self._stored:
                 continue
@@ -487,6 +522,8 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         self._run_stores()  # wait_for_save is not called on every path (deferred finalize)
+        if self._tpu is not None:
+            self._tpu.maybe_register()
         self._seen_finished.update(finished_req_ids)
         ready = self._done_sending & self._seen_finished
         self._done_sending -= ready

@@ -10,6 +10,18 @@ layout, so the tier re-attaches at start and recovery keeps its parked sessions)
 A registration with another layout (another model, dtype or block size) refuses the old
 file loudly: it is moved aside (never deleted), its sessions are LOST, a new file is made.
 
+**Bytes held by the worker (vLLM on TPU, TPU Sync).** A worker that copies through TPU
+Sync registers its layout with ``held`` (:class:`~agentpark.connectors.protocol.Held`):
+TPU Sync keeps the parked bytes in its own host memory in the worker's process (pinned,
+in the TPU's tiled layout), which no other process can read. The daemon then makes NO
+pool file: its "shm" tier is a :class:`~agentpark.tiers.base.BackendHeldTier` (slot ``s``
+= TPU Sync host block ``s``; the worker sized them), and it keeps only the bookkeeping: a
+0600 record next to the pool path (``<pool_path>.held.json``) naming the layout and the
+host memory's ``instance``. No checksum is claimed for those copies (agentpark cannot
+read them), and they are never demoted to disk. A daemon restart re-attaches the record
+(the bytes are in the worker, which kept running); a worker that registers another
+instance (vLLM restarted without TPU Sync's shm segments) makes the parked copies LOST.
+
 With a disk tier configured (``tiers.disk.capacity`` > 0) the daemon also owns a disk
 file in the same layout: the policy loop demotes copies parked in the pool longer than
 ``policy.demote_after_s.shm`` to it (a host-to-host copy by the core's mover), and a
@@ -20,6 +32,7 @@ answer offers it: the worker only ever maps the pool file.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import threading
@@ -32,6 +45,7 @@ from agentpark.blocks import ArraySpec, PoolGeometry
 from agentpark.config import Settings
 from agentpark.connectors.protocol import (
     PROTOCOL,
+    Held,
     Layout,
     PoolFile,
     ProtocolError,
@@ -43,12 +57,12 @@ from agentpark.errors import AgentparkError, CapacityError, ConfigError, Session
 from agentpark.parking import CoreOptions, ExternalDriver, external_core
 from agentpark.parking.external import StorePlan
 from agentpark.store.repository import SessionStore
-from agentpark.tiers.base import HostTier
+from agentpark.tiers.base import BackendHeldTier, HostTier
 from agentpark.tiers.disk import DiskTier
 from agentpark.tiers.filetier import FileTier, read_header
 from agentpark.tiers.shm import ShmTier, default_shm_path
 
-__all__ = ["VllmService", "vllm_pool_path"]
+__all__ = ["VllmService", "held_pool_id", "vllm_held_path", "vllm_pool_path"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +77,17 @@ def vllm_pool_path(settings: Settings) -> Path:
         return configured
     default = default_shm_path(settings.state_dir)
     return default.with_name(f"{default.name}-vllm")
+
+
+def vllm_held_path(settings: Settings) -> Path:
+    """The record of a pool whose bytes the worker holds (TPU Sync): ``<pool>.held.json``."""
+    pool = vllm_pool_path(settings)
+    return pool.with_name(f"{pool.name}.held.json")
+
+
+def held_pool_id(held: Held) -> str:
+    """The pool id of worker-held bytes: the worker computes the same one itself."""
+    return f"{held.backend}:{held.instance}"
 
 
 def _geometry(layout: Layout) -> PoolGeometry:
@@ -81,11 +106,22 @@ class VllmService:
         self._lock = threading.Lock()
         self.degraded: collections.Counter[str] = collections.Counter()
         self._sinks: list[DegradedSink] = []
-        self.tier: FileTier | None = None
+        self.held_path = vllm_held_path(settings)
+        self.tier: FileTier | BackendHeldTier | None = None
         self.disk: DiskTier | None = None
         self.pool_id: str | None = None
+        self.held: Held | None = None  # set when the worker's backend holds the bytes
         geometry, model_uid = _UNREGISTERED, "vllm: no engine registered yet"
-        if self.pool_path.exists():
+        if not self.pool_path.exists() and self.held_path.exists():
+            try:
+                layout, held = self._read_held()
+                geometry, model_uid = _geometry(layout), layout.model_uid
+                self.tier, self.held = self._held_tier(geometry, held), held
+                self.pool_id = held_pool_id(held)
+            except (OSError, ValueError, KeyError, TypeError, ProtocolError) as exc:
+                log.error("vllm held-pool record %s unreadable (%s); ignored", self.held_path, exc)
+                geometry, model_uid = _UNREGISTERED, "vllm: no engine registered yet"
+        elif self.pool_path.exists():
             try:
                 geometry, model_uid = self._header_geometry()
                 self.tier = ShmTier(self.pool_path, geometry, self.capacity, model_uid)
@@ -168,9 +204,11 @@ class VllmService:
         """A worker's layout -> the pool file it maps (made or re-attached for it)."""
         geometry = _geometry(layout)
         with self._lock:
+            if isinstance(self.tier, BackendHeldTier):
+                self._drop_held("the engine now registers a pool file in another layout")
             tier = self.tier
             same = (
-                tier is not None
+                isinstance(tier, FileTier)
                 and self.driver.model_uid == layout.model_uid
                 and tier.geometry.block_size == geometry.block_size
                 and tier.geometry.arrays == geometry.arrays
@@ -197,7 +235,7 @@ class VllmService:
                 self.tier = tier
                 self.disk = self._disk_tier(geometry, layout.model_uid)
                 self.driver.attach(geometry, layout.model_uid, self._tiers())
-            assert tier is not None
+            assert isinstance(tier, FileTier)
             pool = self.pool_file(tier)
             self.pool_id = pool.pool_id
             log.info(
@@ -209,6 +247,126 @@ class VllmService:
                 self.pool_path,
             )
             return pool
+
+    def register_held(self, layout: Layout, held: Held) -> dict[str, Any]:
+        """A worker whose DMA backend holds the bytes: slot bookkeeping only, no file.
+
+        The same layout and instance keep what is parked (a daemon restart, or a worker
+        that re-attached TPU Sync's shm segments); another instance (the host memory is
+        new) or layout makes the parked copies LOST, after failing every copy in flight
+        (they name slots of the old memory).
+        """
+        geometry = _geometry(layout)
+        pool_id = held_pool_id(held)
+        with self._lock:
+            tier = self.tier
+            same = (
+                isinstance(tier, BackendHeldTier)
+                and self.held == held
+                and self.driver.model_uid == layout.model_uid
+                and tier.geometry.block_size == geometry.block_size
+                and tier.geometry.arrays == geometry.arrays
+            )
+            if same:
+                self.driver.attach(geometry, layout.model_uid, None)
+                kept = True
+            else:
+                if self.held is not None and self.held.instance != held.instance:
+                    why = (
+                        f"the engine's {held.backend} host memory is new (instance "
+                        f"{held.instance}): the parked copies in the old one are gone"
+                    )
+                else:
+                    why = f"the engine's KV layout changed ({layout.model_uid}): unusable"
+                failed = self.driver.fail_all(why)
+                if failed:
+                    log.warning("vllm: %d copies in flight failed: %s", failed, why)
+                if isinstance(tier, FileTier):
+                    self._move_aside(tier)
+                if self.disk is not None:
+                    self.disk.close()
+                    self.disk = None
+                if self.settings.tiers.disk.capacity:
+                    log.warning(
+                        "vllm: tiers.disk is not used for a %s-held pool: agentpark cannot "
+                        "read those bytes to demote them",
+                        held.backend,
+                    )
+                tier = self._held_tier(geometry, held)
+                self.tier = tier
+                self.driver.attach(geometry, layout.model_uid, [tier], why)
+                kept = False
+            self._write_held(layout, held)
+            self.held, self.pool_id = held, pool_id
+            log.info(
+                "vllm engine registered: %s, %d blocks of %d tokens, %d arrays; the parked "
+                "bytes are held by %s (instance %s, %d host blocks)%s",
+                layout.model_uid,
+                layout.num_blocks,
+                layout.block_size,
+                len(layout.arrays),
+                held.backend,
+                held.instance,
+                held.capacity_blocks,
+                "; parked copies kept" if kept else "",
+            )
+            return {
+                "pool_id": pool_id,
+                "capacity_blocks": held.capacity_blocks,
+                "kept": kept,
+                "checksum": False,
+            }
+
+    @staticmethod
+    def _held_tier(geometry: PoolGeometry, held: Held) -> BackendHeldTier:
+        """The bookkeeping of worker-held slots. It is trusted to be there (``reattached``)
+        until the worker registers another instance: the daemon cannot see that memory."""
+        tier = BackendHeldTier(Tier.SHM, geometry, held.capacity_blocks, persistent=True)
+        tier.reattached = True
+        return tier
+
+    def _drop_held(self, why: str) -> None:
+        """Forget a worker-held pool (its record too): its parked copies become LOST."""
+        failed = self.driver.fail_all(why)
+        if failed:
+            log.warning("vllm: %d copies in flight failed: %s", failed, why)
+        self.driver.attach(self.driver.geometry, self.driver.model_uid, [], why)
+        self.tier, self.held, self.pool_id = None, None, None
+        self.held_path.unlink(missing_ok=True)
+
+    def _move_aside(self, tier: FileTier) -> None:
+        log.error(
+            "vllm pool %s holds the layout of %s; the engine registering keeps its bytes "
+            "in its own memory: refusing the old file (moved aside)",
+            self.pool_path,
+            self.driver.model_uid,
+        )
+        tier.close()
+        aside = self.pool_path.with_name(f"{self.pool_path.name}.mismatch-{os.getpid()}-{id(tier)}")
+        self.pool_path.rename(aside)
+
+    def _write_held(self, layout: Layout, held: Held) -> None:
+        record = {"format": 1, "layout": layout.to_wire(), "held": held.to_wire()}
+        tmp = self.held_path.with_name(self.held_path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(record, out, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.held_path)
+
+    def _read_held(self) -> tuple[Layout, Held]:
+        record = json.loads(self.held_path.read_text())
+        if record.get("format") != 1:
+            raise ValueError(f"unknown format {record.get('format')!r}")
+        return Layout.from_wire(record["layout"]), Held.from_wire(record["held"])
+
+    def capacity_bytes(self) -> int:
+        """The pool's size: ``vllm.pool_capacity``, or what the worker's backend holds."""
+        tier = self.tier
+        if isinstance(tier, BackendHeldTier):
+            return tier.capacity_bytes
+        return self.capacity
 
     def pool_file(self, tier: FileTier) -> PoolFile:
         header = read_header(tier.path)
@@ -261,6 +419,11 @@ class VllmService:
 
     def _register(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
         layout = Layout.from_wire(message["layout"])
+        raw_held = message.get("held")
+        if raw_held is not None:
+            if not isinstance(raw_held, dict):
+                raise ProtocolError("held must be an object")
+            return {"held": self.register_held(layout, Held.from_wire(raw_held))}
         try:
             pool = self.register(layout)
         except ConfigError as exc:

@@ -504,6 +504,16 @@ class ExternalDriver:
             self.load_done(load_id, False, "the engine never reported the load")
         return len(stores) + len(loads)
 
+    def fail_all(self, why: str) -> int:
+        """Fail every plan in flight (their tier is being replaced); how many."""
+        with self._plans_lock:
+            stores, loads = list(self._stores), list(self._loads)
+        for store_id in stores:
+            self.complete_store(store_id, False, None, why)
+        for load_id in loads:
+            self.load_done(load_id, False, why)
+        return len(stores) + len(loads)
+
     def pending(self) -> tuple[int, int]:
         """(stores, loads) in flight."""
         with self._plans_lock:
@@ -548,13 +558,18 @@ class ExternalDriver:
     # ---- a new engine layout --------------------------------------------------------------
 
     def attach(
-        self, geometry: PoolGeometry, model_uid: str, tiers: Sequence[HostTier] | None
+        self,
+        geometry: PoolGeometry,
+        model_uid: str,
+        tiers: Sequence[HostTier] | None,
+        why_parked_lost: str | None = None,
     ) -> None:
         """An engine (re)started with ``geometry``: what it held in its pool is gone.
 
         Sessions whose KV was in the engine (ACTIVE with tokens) become LOST. With
-        ``tiers`` (a new layout: the old tiers were closed by the caller), sessions parked
-        in the old tiers become LOST too and the core uses the new ones.
+        ``tiers`` (a new layout, or new host memory: the old tiers were closed by the
+        caller), sessions parked in the old tiers become LOST too (``why_parked_lost``
+        says why; default: the layout changed) and the core uses the new ones.
         """
         core = self.core
         now = time.time()
@@ -563,7 +578,9 @@ class ExternalDriver:
             if row.state == State.ACTIVE and live.tokens:
                 why = "the engine restarted: the KV in its pool is gone"
             elif row.state == State.PARKED and tiers is not None:
-                why = f"the engine's KV layout changed ({model_uid}): the parked copy is unusable"
+                why = why_parked_lost or (
+                    f"the engine's KV layout changed ({model_uid}): the parked copy is unusable"
+                )
             else:
                 continue
             if live.busy:

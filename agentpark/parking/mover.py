@@ -32,7 +32,7 @@ from agentpark.engine.base import EngineAdapter
 from agentpark.enums import PARKING_TIERS, Medium, TierChoice
 from agentpark.errors import InvalidRequestError, TierFullError, TransferError
 from agentpark.integrity import checksum, fusable, matches
-from agentpark.tiers.base import HostTier
+from agentpark.tiers.base import BackendHeldTier, HostTier
 
 __all__ = ["ArrayPool", "Endpoint", "EnginePool", "Mover", "copy_host_blocks"]
 
@@ -198,8 +198,12 @@ class Mover:
         return self.transfer.h2d(src, slots, dst.engine, ids, digest=True)
 
     def checksummed(self, tier: HostTier) -> bool:
-        """Whether copies in ``tier`` get a checksum (``integrity.tiers``)."""
-        return tier.name in self.checksum_tiers
+        """Whether copies in ``tier`` get a checksum (``integrity.tiers``).
+
+        Never for a tier whose bytes a DMA backend holds (tpu_sync): agentpark cannot read
+        them, so it claims no checksum of them.
+        """
+        return tier.name in self.checksum_tiers and not isinstance(tier, BackendHeldTier)
 
     def land(self, tier: HostTier, slots: Sequence[int], fused: str | None = None) -> str | None:
         """After a copy into ``tier``: make it durable, return its checksum (or None).

@@ -51,9 +51,29 @@ def test_bench_transfer_tpu_sync_refuses_copy_threads(capsys: pytest.CaptureFixt
 
 def test_bench_transfer_rejects_an_unknown_backend(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        main(["bench", "transfer", "--backend", "jax_memkind"])
+        main(["bench", "transfer", "--backend", "cuda_memcpy"])
     assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_bench_transfer_jax_memkind_from_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "transfer", "--backend", "jax_memkind", "--sizes", "1MiB", "--repeats", "1"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "--backend jax_memkind" in captured.out and "put d2h GB/s" in captured.out
+    assert "restore ratio" not in captured.err
+
+
+def test_bench_transfer_jax_memkind_refuses_another_tier_than_dram(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "transfer", "--backend", "jax_memkind", "--tier", "disk", "--sizes", "1MiB"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "--backend jax_memkind" in captured.err and "--tier dram only" in captured.err
+    assert captured.out == ""
 
 
 def test_bench_resume_from_the_command_line(

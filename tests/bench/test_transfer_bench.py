@@ -3,16 +3,20 @@ itself, and fails on a restore that is not bit-exact."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 
+import agentpark.dma
 from agentpark.bench import transfer as bench
 from agentpark.bench.common import filesystem_of, first_mismatch
 from agentpark.dma.host_copy import HostCopyTransfer
+from agentpark.dma.jax_memkind import JaxMemkindTransfer
 
 from .conftest import Consoles
 
@@ -69,6 +73,138 @@ def test_each_tier_prints_a_row_per_size_and_round_trips_bit_exact(
         # The bench's temporary directory (and the tier file in it) is gone.
         assert list(directory.iterdir()) == []
         assert f"{tier} tier file in {directory}/agentpark-bench-" in text
+
+
+def test_jax_memkind_prints_a_row_per_size_against_a_pinned_device_put(
+    consoles: Consoles,
+) -> None:
+    code = bench.run_transfer_bench(
+        [1 * MiB, 2 * MiB],
+        repeats=2,
+        console=consoles.out,
+        progress_console=consoles.progress,
+        backend="jax_memkind",
+    )
+    text = consoles.text
+    assert code == 0, text
+    assert "--backend jax_memkind" in text and "vs a plain pinned jax.device_put" in text
+    assert "put d2h GB/s" in text and "put h2d GB/s" in text and "copyto GB/s" not in text
+    for size in ("1 MiB", "2 MiB"):
+        table_row, alone_row = _rows(text, size)  # checksum off only: no checksum tables
+        # pause, restore, the two references (d2h and h2d), pause and restore ratios.
+        assert len(re.findall(SPREAD, table_row)) == 6, table_row
+        assert "yes" in table_row  # bit-exact, checked before and after the repeats
+        assert len(re.findall(SPREAD, alone_row)) == 2, alone_row
+    assert "JaxMemkindTransfer.d2h/h2d" in text and "what the checksum costs" not in text
+    # Self-describing: where it ran, and that a CPU run says nothing about a GPU.
+    assert "dma jax_memkind" in text
+    assert f"JAX platform 'cpu', device {jax.devices()[0].device_kind!r}" in text
+    assert "say nothing about a GPU" in text
+    target = "ratio >= 0.9 of a plain pinned jax.device_put of the same bytes"
+    assert f"target: {target}" in text and f"the copy alone: {target}" in text
+    assert "no size to judge" in text  # both sizes are below the 256 MiB target threshold
+
+
+def test_pinned_put_moves_the_bytes_between_memory_kinds() -> None:
+    put = bench.PinnedPut(1 * MiB, jax.devices()[0])
+    assert put.on_device is not None and put.on_host is not None
+    assert put.on_device.sharding.memory_kind == "device"
+    assert put.on_host.sharding.memory_kind == "pinned_host"
+    assert put.on_host.nbytes == 1 * MiB
+    assert np.all(np.asarray(put.on_host) == 1)
+    put.d2h()
+    put.h2d()
+    put.close()
+    assert put.on_device is None and put.on_host is None
+
+
+def test_jax_memkind_without_pinned_host_exits_2_with_a_message(
+    consoles: Consoles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A JAX whose device has no pinned_host memory kind (older CPU builds).
+    monkeypatch.setattr(agentpark.dma, "_memory_kinds", lambda: {"device", "unpinned_host"})
+    err = Consoles(consoles.progress, consoles.out, consoles.buffer)  # capture the error
+    code = bench.run_transfer_bench(
+        [1 * MiB], 1, console=err.out, progress_console=err.progress, backend="jax_memkind"
+    )
+    assert code == 2
+    assert "--backend jax_memkind" in err.text and "no 'pinned_host' memory kind" in err.text
+    assert "Traceback" not in err.text
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        ({"copy_threads": 2}, "--copy-threads"),
+        ({"hash_thread": True}, "--hash-thread"),
+    ],
+)
+def test_jax_memkind_refuses_host_copy_flags(
+    consoles: Consoles, flags: dict[str, Any], says: str
+) -> None:
+    err = Consoles(consoles.progress, consoles.out, consoles.buffer)  # capture the error
+    code = bench.run_transfer_bench(
+        [1 * MiB], 1, console=err.out, progress_console=err.progress, backend="jax_memkind", **flags
+    )
+    assert code == 2
+    assert says in err.text and "--backend jax_memkind" in err.text
+
+
+def test_jax_memkind_fails_the_bench_on_a_restore_that_is_not_bit_exact(
+    consoles: Consoles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Corrupting(JaxMemkindTransfer):
+        """Restores, then flips one bit of the first restored block."""
+
+        def h2d(self, tier, slots, engine, block_ids, digest=False):  # type: ignore[no-untyped-def]
+            got = super().h2d(tier, slots, engine, block_ids, digest)
+            if tier is not engine_tier[0]:
+                return got  # the scratch fill: leave it alone
+            with engine.lock:
+                (pool,) = engine.kv_pool()
+                engine.set_kv_pool([pool.at[block_ids[0], 0, 0, 0, 0, 0].add(1)])
+            return got
+
+    engine_tier: list[object] = [None]
+    real_stack_build = bench._Stack.build
+    real_select = bench.select_transfer
+
+    def build(*args: Any, **kwargs: Any) -> bench._Stack:
+        stack = real_stack_build(*args, **kwargs)
+        engine_tier[0] = stack.tier
+        return stack
+
+    def select(backend: str, **kwargs: Any) -> Any:
+        real = real_select(backend, **kwargs)  # the real platform check
+        return Corrupting() if backend == "jax_memkind" else real
+
+    monkeypatch.setattr(bench, "select_transfer", select)
+    monkeypatch.setattr(bench._Stack, "build", build)
+    code = bench.run_transfer_bench(
+        [1 * MiB],
+        repeats=1,
+        console=consoles.out,
+        progress_console=consoles.progress,
+        backend="jax_memkind",
+    )
+    text = consoles.text
+    assert code == 1, text
+    assert "not bit-exact" in text and "after warm-up" in text
+
+
+def test_verdict_judges_jax_memkind_against_the_pinned_put() -> None:
+    big = 256 * MiB
+    near = bench.SizeResult(big, "dram", pause_s=[1.0], restore_s=[1.0], backend="jax_memkind")
+    near.copy_before_pause_s, near.copy_before_restore_s = [0.92], [0.95]
+    assert bench._verdict("dram", [near], "jax_memkind").endswith("met")  # 0.92 >= 0.9
+    far = bench.SizeResult(big, "dram", pause_s=[1.0], restore_s=[1.0], backend="jax_memkind")
+    far.copy_before_pause_s, far.copy_before_restore_s = [0.95], [0.85]
+    verdict = bench._verdict("dram", [far], "jax_memkind")
+    assert "MISSED: restore at 256 MiB (0.85)" in verdict and "pause at" not in verdict
+    assert "ratio >= 0.9 of a plain pinned jax.device_put" in verdict
+    # The same figures judged as host_copy's (0.95 of np.copyto) miss the pause.
+    as_host_copy = dataclasses.replace(near, backend="host_copy")
+    assert bench._verdict("dram", [as_host_copy]).endswith("MISSED: pause at 256 MiB (0.92)")
 
 
 def test_copy_threads_add_ratios_to_a_threaded_memcpy(consoles: Consoles) -> None:

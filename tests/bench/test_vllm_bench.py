@@ -11,9 +11,12 @@ from agentpark.bench.vllm import (
     TurnResult,
     VllmBenchSpec,
     _differs,
-    _logprob_breakdown,
     _print,
     _quantile,
+    breakdown,
+    decisions,
+    failed,
+    mark_restored,
 )
 
 
@@ -56,30 +59,98 @@ def test_differs_counts_tokens_and_logprobs_separately() -> None:
     assert _differs(rounded, reference) == (1, 1)
 
 
-def test_logprob_differences_are_split_into_first_restored_and_other_turns() -> None:
-    restored = {"agentpark": {"decision": "parked", "restored_tokens": 256}}
+def test_restored_turns_come_from_the_daemons_resume_events() -> None:
+    turns = [_turn(a, t, ["x"], [-1.0]) for a in range(2) for t in range(3)]
+    events = [  # newest first, as /v1/events answers; other sessions' events ignored
+        {"id": 9, "session_id": "s0", "kind": "turn"},
+        {"id": 8, "session_id": "s0", "kind": "resume", "bytes": 4096},
+        {"id": 7, "session_id": "s1", "kind": "resume", "bytes": 2048},
+        {"id": 6, "session_id": "other", "kind": "turn"},
+        {"id": 5, "session_id": "s1", "kind": "pause", "bytes": 2048},
+        {"id": 4, "session_id": "s1", "kind": "turn"},
+        {"id": 3, "session_id": "s0", "kind": "turn"},
+        {"id": 2, "session_id": "s0", "kind": "turn"},
+        {"id": 1, "session_id": "s0", "kind": "create"},
+    ]
+    mark_restored(turns, events, ["s0", "s1"])
+    restored = {(t.agent, t.turn): t.restored_bytes for t in turns if t.restored_bytes}
+    assert restored == {(0, 2): 4096, (1, 1): 2048}
+
+
+def test_turn_end_decisions_are_counted_by_reason() -> None:
+    events = [
+        {"kind": "pause"},
+        {"kind": "pause"},
+        {
+            "kind": "keep",
+            "detail": "expected pause 0.5s (given by the caller) is shorter than "
+            "the break-even 1s (round trip 3 ms, min_pause_s 1s)",
+        },
+        {"kind": "keep", "detail": "no whole block to park"},
+        {"kind": "turn"},
+    ]
+    assert decisions(events) == {
+        "parked": 2,
+        "kept: short pause": 1,
+        "kept: no whole block to park": 1,
+    }
+
+
+def test_differences_are_split_by_kind_of_turn() -> None:
     reference = RunResult(
-        "reference",
-        1.0,
-        [_turn(a, t, ["x"], [-1.0]) for a in range(2) for t in range(3)],
+        "reference", 1.0, [_turn(a, t, ["x"], [-1.0]) for a in range(3) for t in range(3)]
     )
     parked = RunResult(
         "agentpark",
         1.0,
         [
-            _turn(0, 0, ["x"], [-1.5]),  # a first turn differs: the servers' scheduling
+            _turn(0, 0, ["x"], [-1.5]),  # a first turn differs: the servers' batching
             _turn(1, 0, ["x"], [-1.0]),
-            _turn(0, 1, ["x"], [-1.0], transfer=restored),
-            _turn(1, 1, ["x"], [-0.9], transfer=restored),
-            _turn(0, 2, ["x"], [-0.9], transfer={"agentpark": {"restored_tokens": 0}}),
+            _turn(2, 0, ["x"], [-1.0]),
+            _turn(0, 1, ["x"], [-1.0], restored_bytes=4096),
+            _turn(1, 1, ["y"], [-0.9], restored_bytes=4096),
+            # agent 2 recomputed its evicted prefix in turn 1, then had it restored
+            _turn(2, 1, ["x"], [-0.9], cached_tokens=0),
+            _turn(2, 2, ["x"], [-0.8], restored_bytes=4096),
+            _turn(0, 2, ["y"], [-0.9]),  # computed by vLLM again
             _turn(1, 2, ["x"], [-1.0], error="boom"),  # not compared
         ],
     )
-    assert _logprob_breakdown(parked, reference) == {
-        "first turns": (1, 2),
-        "restored turns": (1, 2),
-        "other turns": (1, 1),
+    assert breakdown(parked, reference) == {
+        "first turns": (0, 1, 3),
+        "restored turns": (1, 1, 2),
+        "restored after a recompute": (0, 1, 1),
+        "other turns": (1, 2, 2),
     }
+
+
+def test_only_the_exact_mode_fails_on_a_restored_turn_that_differs() -> None:
+    reference = RunResult(
+        "reference", 1.0, [_turn(0, 0, ["x"], [-1.0]), _turn(0, 1, ["x"], [-1.0])]
+    )
+    rounded = RunResult(
+        "agentpark",
+        1.0,
+        [_turn(0, 0, ["x"], [-1.0]), _turn(0, 1, ["x"], [-1.25], restored_bytes=64)],
+    )
+    recomputed = RunResult(
+        "agentpark", 1.0, [_turn(0, 0, ["x"], [-1.0]), _turn(0, 1, ["y"], [-1.25])]
+    )
+    broken = RunResult("plain", 1.0, [_turn(0, 0, [], [], error="refused")])
+    batched, exact = VllmBenchSpec(), VllmBenchSpec(max_num_seqs=1)
+    assert not failed([reference, rounded], batched)
+    assert failed([reference, rounded], exact)
+    assert not failed([reference, recomputed], exact)  # vLLM computed it: may round
+    after_recompute = RunResult(
+        "agentpark",
+        1.0,
+        [
+            _turn(0, 0, ["x"], [-1.0], cached_tokens=500),
+            _turn(0, 1, ["x"], [-1.25], restored_bytes=64),
+        ],
+    )
+    assert not failed([reference, after_recompute], exact)
+    assert failed([reference, broken], batched)
 
 
 def test_quantile_of_nothing_is_nan() -> None:
@@ -108,7 +179,9 @@ def test_table_shows_every_run_and_the_ratios(capsys: pytest.CaptureFixture[str]
     # prefill 2100 / 1100 and TTFT 0.8 / 0.2 after the tool.
     assert "1.91x fewer prefill tokens" in out
     assert "4.00x lower p50 TTFT" in out
-    assert "agentpark: turns whose logprobs differ from the reference: first turns 0 of 1" in out
+    assert (
+        "agentpark, turns differing from the reference: first turns 1: tokens 0, logprobs 0" in out
+    )
 
 
 def test_unknown_runs_are_refused(capsys: pytest.CaptureFixture[str]) -> None:

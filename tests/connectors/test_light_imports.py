@@ -10,7 +10,10 @@ import pytest
 HEAVY = ("jax", "fastapi", "sqlalchemy", "uvicorn", "agentpark.runtime", "agentpark.parking")
 
 
-@pytest.mark.parametrize("module", ["agentpark.connectors.protocol", "agentpark.connectors.client"])
+@pytest.mark.parametrize(
+    "module",
+    ["agentpark.connectors.protocol", "agentpark.connectors.client", "agentpark.connectors.steps"],
+)
 def test_connector_side_modules_import_nothing_heavy(module: str) -> None:
     probe = (
         f"import sys, {module}; print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))"

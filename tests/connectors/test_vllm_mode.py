@@ -90,3 +90,28 @@ def test_a_vllm_daemon_runs_its_policy_loop_and_demotes_pool_copies_to_disk(
         assert (events[0]["kind"], events[0]["reason"]) == ("move", "demote")
     finally:
         client.close()
+
+
+def test_v1_vllm_says_when_the_engine_holds_the_parked_bytes_itself(
+    make_settings: Callable[..., Settings],
+    daemon_factory: Callable[[Settings], Daemon],
+    shm_dir: Path,
+) -> None:
+    from agentpark.connectors.client import ControlClient
+    from agentpark.connectors.protocol import Held, Layout
+
+    settings = make_settings(
+        vllm={"enabled": True, "pool_capacity": 1 << 20, "pool_path": shm_dir / "pool"}
+    )
+    daemon = daemon_factory(settings)
+    assert daemon.client.get("/v1/vllm").json()["pool_held_by"] is None
+    layout = Layout("vllm:m:jax.bfloat16:0", 16, 64, (((16, 4, 64), "uint16"),), "jax.bfloat16")
+    client = ControlClient(None, socket_path=daemon.client.get("/v1/vllm").json()["control_socket"])
+    held = Held("tpu_sync", "mem-1", 10)
+    answer = client.call("register", layout=layout.to_wire(), held=held.to_wire(), wait_s=10.0)
+    client.close()
+    assert answer is not None and answer["ok"], answer
+    info = daemon.client.get("/v1/vllm").json()
+    assert info["pool_held_by"] == "tpu_sync"
+    assert info["pool_capacity_bytes"] == 10 * 16 * 4 * 64 * 2
+    assert not Path(info["pool_path"]).exists()
