@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +17,12 @@ import numpy as np
 import pytest
 
 from agentpark.blocks import ArraySpec, PoolGeometry
-from agentpark.config import Settings
 from agentpark.connectors.client import ControlClient
 from agentpark.connectors.protocol import Layout, PoolFile, encode_tokens
-from agentpark.control.vllm import VllmService
 from agentpark.enums import State
 from agentpark.integrity import checksum
-from agentpark.parking import CoreOptions
-from agentpark.policy.service import PolicyService
-from agentpark.store.db import open_database
-from agentpark.store.migrate import upgrade
-from agentpark.store.repository import SessionStore
 from agentpark.tiers.base import HostTier
-from tests.conftest import tiny_settings
+from tests.connectors.conftest import ControlDaemon
 
 BLOCK = 16
 LAYOUT = Layout(
@@ -89,58 +80,12 @@ class Worker:
         return checksum(tier, slots)
 
 
-@dataclass
-class Daemon:
-    settings: Settings
-    store: SessionStore
-    service: VllmService
-    client: ControlClient
-
-    def call(self, op: str, tokens: list[int] | None = None, **fields: Any) -> dict[str, Any]:
-        blob = encode_tokens(tokens) if tokens is not None else b""
-        answer = self.client.call(op, blob, wait_s=10.0, **fields)
-        assert answer is not None, f"{op}: no answer"
-        return answer
-
-    def restart(self) -> None:
-        self.client.close()
-        self.service.stop()
-        self.service.driver.core.close()
-        if self.service.tier is not None:
-            self.service.tier.close()
-        self.service = _service(self.settings, self.store)
-        self.service.start()
-        self.client = ControlClient(None, socket_path=str(self.service.socket_path))
-
-
-def _service(settings: Settings, store: SessionStore) -> VllmService:
-    options = CoreOptions(checksum_tiers=frozenset({"shm"}))
-    service = VllmService(settings, store, options)
-    PolicyService(service.driver.core, store, settings.policy)  # the advisor, as the daemon's
-    return service
+Daemon = ControlDaemon
 
 
 @pytest.fixture
-def daemon(tmp_path: Path, shm_dir: Path) -> Iterator[Daemon]:
-    settings = tiny_settings(
-        tmp_path / "state",
-        shm_dir,
-        vllm={"enabled": True, "pool_capacity": 1 << 20, "pool_path": shm_dir / "pool"},
-    )
-    upgrade(settings.database_url)
-    store = SessionStore(*open_database(settings.database_url))
-    service = _service(settings, store)
-    service.start()
-    made = Daemon(
-        settings, store, service, ControlClient(None, socket_path=str(service.socket_path))
-    )
-    yield made
-    made.client.close()
-    made.service.stop()
-    made.service.driver.core.close()
-    if made.service.tier is not None:
-        made.service.tier.close()
-    store.close()
+def daemon(control_daemon: ControlDaemon) -> ControlDaemon:
+    return control_daemon
 
 
 def _register(daemon: Daemon, layout: Layout = LAYOUT) -> tuple[PoolFile, Worker]:
