@@ -210,21 +210,38 @@ class HostCopyTransfer:
         slots: Sequence[int],
         digest: bool = False,
     ) -> str | None:
-        """Copy pool blocks into tier slots; with ``digest``, hash each piece as it lands.
+        """Copy pool blocks into tier slots; with ``digest``, hash each piece as it goes.
 
-        Each piece (integrity.piece_blocks) is hashed from the tier buffer right after it
-        is written, while it is still in cache; the pieces of a chunk are split over
+        Each piece (integrity.piece_blocks) is hashed from the pool just before it is
+        copied, so the copy reads it from cache; the pieces of a chunk are split over
         ``copy_threads`` threads in whole pieces, so the checksum is the same for any
         thread count.
         """
         check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
         buffers = tier.buffers()
-        job = self._hash_job(engine.geometry, buffers, slots) if digest else None
+        return self._hashed(
+            engine.geometry,
+            buffers,
+            slots,
+            digest,
+            partial(self._d2h_chunks, engine, block_ids, buffers, slots, digest),
+        )
+
+    def _hashed(
+        self,
+        geometry: PoolGeometry,
+        buffers: list[np.ndarray],
+        slots: Sequence[int],
+        digest: bool,
+        copy: Callable[[HashJob | None], list[bytes]],
+    ) -> str | None:
+        """Run ``copy`` with the hash thread's job or fused (None); the checksum, if any."""
+        job = self._hash_job(geometry, buffers, slots) if digest else None
         if job is None:
-            pieces = self._d2h_chunks(engine, block_ids, buffers, slots, digest, None)
+            pieces = copy(None)
             return combine(pieces) if digest else None
         try:
-            self._d2h_chunks(engine, block_ids, buffers, slots, digest, job)
+            copy(job)
             return combine(job.finish())
         finally:
             job.abandon()  # a no-op after finish; after a failure, waits for the thread
@@ -284,16 +301,13 @@ class HostCopyTransfer:
         (they hold whatever the tier held).
         """
         check_copy(block_ids, engine.geometry.num_blocks, slots, tier.capacity_blocks)
-        buffers = tier.buffers()
-        job = self._hash_job(engine.geometry, buffers, slots) if digest else None
-        if job is None:
-            pieces = self._h2d_chunks(tier, slots, engine, block_ids, digest, None)
-            return combine(pieces) if digest else None
-        try:
-            self._h2d_chunks(tier, slots, engine, block_ids, digest, job)
-            return combine(job.finish())
-        finally:
-            job.abandon()  # a no-op after finish; after a failure, waits for the thread
+        return self._hashed(
+            engine.geometry,
+            tier.buffers(),
+            slots,
+            digest,
+            partial(self._h2d_chunks, tier, slots, engine, block_ids, digest),
+        )
 
     def _h2d_chunks(
         self,

@@ -387,6 +387,24 @@ class CoreBase:
         self._background.submit(in_background)
         return pending
 
+    def lose_at_restart(self, live: LiveSession, why: str, now: float) -> EventRow:
+        """Mark a session whose KV did not survive a restart lost; returns its LOST event
+        (uncommitted: start-up and a re-attach commit it their own way)."""
+        row = live.row
+        event = self.events.event(
+            row,
+            EventKind.LOST,
+            now,
+            from_state=row.state,
+            to_state=State.LOST,
+            from_tier=row.tier,
+            reason=Reason.RESTART,
+            nbytes=row.kv_bytes,
+            detail=why,
+        )
+        self.mark_lost(live, why)
+        return event
+
     def mark_lost(self, live: LiveSession, reason: str) -> None:
         row = live.row
         row.state, row.tier, row.lost_reason = State.LOST, None, reason

@@ -585,20 +585,9 @@ class ExternalDriver:
                 continue
             if live.busy:
                 continue
-            event = core.events.event(
-                row,
-                EventKind.LOST,
-                now,
-                from_state=row.state,
-                to_state=State.LOST,
-                from_tier=row.tier,
-                reason=Reason.RESTART,
-                nbytes=row.kv_bytes,
-                detail=why,
-            )
+            event = core.lose_at_restart(live, why, now)
             live.slots = []
             live.block_table = []
-            core.mark_lost(live, why)
             core.events.commit(row, event)
         self.engine_blocks = geometry.num_blocks
         if tiers is not None:

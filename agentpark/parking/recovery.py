@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from agentpark.enums import EventKind, Reason, State
+from agentpark.enums import State
 from agentpark.parking.core import SessionCore
 from agentpark.parking.registry import LiveSession
 
@@ -28,19 +28,7 @@ def recover(core: SessionCore) -> int:
         live = LiveSession(row, _decode_tokens(row.token_log), _decode_logits(row.next_logits))
         reason = _lost_reason(core, live)
         if reason is not None:
-            event = core.events.event(
-                row,
-                EventKind.LOST,
-                now,
-                from_state=row.state,
-                to_state=State.LOST,
-                from_tier=row.tier,
-                reason=Reason.RESTART,
-                nbytes=row.kv_bytes,
-                detail=reason,
-            )
-            core.mark_lost(live, reason)
-            core.events.commit_at_startup(row, event)
+            core.events.commit_at_startup(row, core.lose_at_restart(live, reason, now))
         elif row.state not in (State.PARKED, State.LOST, State.ACTIVE):
             row.state = State.ACTIVE  # no tokens, so no KV to lose
             core.store.save(row)
