@@ -6,14 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from agentpark.api.deps import (
-    AUTH_ERRORS,
-    OPERATOR,
-    SESSIONS,
-    ParkingDep,
-    RuntimeDep,
-    TenantDep,
-)
+from agentpark.api.deps import AUTH_ERRORS, OperatorCaller, RuntimeDep, SessionsCaller
 from agentpark.api.schemas import EventOut, EventPage
 from agentpark.api.schemas_host import LivenessResponse, ReadinessResponse
 from agentpark.errors import (
@@ -29,34 +22,33 @@ __all__ = ["router"]
 router = APIRouter()
 
 
-@router.get(
-    "/v1/host", tags=["host"], dependencies=[OPERATOR], responses=error_responses(*AUTH_ERRORS)
-)
-def get_host(runtime: RuntimeDep) -> HostSnapshot:
-    """Pool totals, HBM reclaimed by parking, tier use, sessions by state, counters."""
-    return runtime.host_snapshot()
+@router.get("/v1/host", tags=["host"], responses=error_responses(*AUTH_ERRORS))
+async def get_host(caller: OperatorCaller) -> HostSnapshot:
+    """Pool totals, HBM reclaimed by parking, tier use, sessions by state, counters.
+
+    ``async``: the figures are in memory (counters and tallies under short locks), so the
+    event loop answers without a thread-pool hop.
+    """
+    return caller.runtime.host_snapshot()
 
 
 @router.get(
     "/v1/events",
     tags=["host"],
-    dependencies=[SESSIONS],
     responses=error_responses(InvalidRequestError, *AUTH_ERRORS),
 )
 def list_events(
-    parking: ParkingDep,
-    tenant: TenantDep,
+    caller: SessionsCaller,
     session_id: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> EventPage:
     """The tenant's transitions with their durations and bytes, newest first."""
-    return EventPage(
-        events=[EventOut.of(e) for e in parking.list_events(tenant, session_id, limit)]
-    )
+    events = caller.parking.list_events(caller.tenant, session_id, limit)
+    return EventPage(events=[EventOut.of(e) for e in events])
 
 
 @router.get("/healthz", tags=["health"])
-def get_liveness() -> LivenessResponse:
+async def get_liveness() -> LivenessResponse:
     """The process answers (liveness)."""
     return LivenessResponse()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from agentpark.api.deps import AUTH_ERRORS, RuntimeDep, TenantDep
+from agentpark.api.deps import AUTH_ERRORS, SessionsCaller
 from agentpark.connectors.protocol import PROTOCOL
 from agentpark.errors import InvalidStateError, error_responses
 
@@ -37,18 +37,18 @@ class VllmInfo(BaseModel):
     tags=["vllm"],
     responses=error_responses(InvalidStateError, *AUTH_ERRORS),
 )
-def get_vllm(runtime: RuntimeDep, tenant: TenantDep) -> VllmInfo:
+def get_vllm(caller: SessionsCaller) -> VllmInfo:
     """The control socket and pool of a daemon serving vLLM ([vllm] enabled); 409 if not.
 
     Needs the ``sessions`` scope: the connector's sessions belong to its token's tenant
     (the tenant comes from the token, never from the connector's own configuration).
     """
-    service = runtime.vllm
+    service = caller.runtime.vllm
     if service is None:
         raise InvalidStateError("this daemon does not serve vLLM: set [vllm] enabled = true")
     return VllmInfo(
         protocol=PROTOCOL,
-        tenant=tenant,
+        tenant=caller.tenant,
         control_socket=str(service.socket_path),
         pool_path=str(service.pool_path),
         pool_capacity_bytes=service.capacity_bytes(),
