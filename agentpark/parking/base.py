@@ -26,7 +26,7 @@ from agentpark.errors import (
 )
 from agentpark.parking.events import EventListener, EventLog
 from agentpark.parking.mover import Endpoint, Mover
-from agentpark.parking.registry import LiveSession, Registry
+from agentpark.parking.registry import LiveSession, Registry, holds_kv
 from agentpark.parking.types import (
     Advisor,
     CoreOptions,
@@ -132,11 +132,13 @@ class CoreBase:
 
     def sessions_with_kv(self) -> list[tuple[SessionRow, bool]]:
         """Live sessions holding KV (in the pool or parked) and whether an operation holds
-        each now: what the policy loop looks at. Sessions without KV are skipped first."""
+        each now: what the policy loop looks at, from the registry's index of them (never
+        a walk of every session)."""
         return [
             (live.row, live.busy)
-            for live in self.registry.all()
-            if live.row.kv_blocks > 0 or live.row.state == State.PARKED
+            for key in self.registry.tally.holders()
+            if (live := self.registry.find(key)) is not None
+            and holds_kv(live.row.state, live.row.kv_blocks)
         ]
 
     def live_sessions(self) -> list[SessionRow]:

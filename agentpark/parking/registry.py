@@ -74,24 +74,39 @@ class LiveSession:
         return self.lock.locked()
 
 
-class StateTally:
-    """Live sessions by state and the KV bytes of the parked ones, kept as they change.
+def holds_kv(state: str, kv_blocks: int) -> bool:
+    """Blocks in the pool or a parked copy: a session the policy loop has a rule for."""
+    return kv_blocks > 0 or state == State.PARKED
 
-    ``GET /v1/host`` reads these in O(1) instead of walking every session: SQLAlchemy's
-    attribute events on ``SessionRow.state`` and ``SessionRow.kv_bytes`` report each
-    assignment to a row that a registry holds (the row carries its tally).
+
+class StateTally:
+    """Live sessions by state, the KV bytes of the parked ones and which sessions hold KV,
+    kept as they change.
+
+    ``GET /v1/host`` reads these in O(1) instead of walking every session, and the policy
+    loop walks only the sessions that hold KV (:attr:`holding`): SQLAlchemy's attribute
+    events on ``SessionRow.state``, ``kv_bytes`` and ``kv_blocks`` report each assignment
+    to a row that a registry holds (the row carries its tally). Walking all 10,000 rows of
+    ``agentpark bench control`` took 8 ms of the GIL every tick, which is what requests
+    arriving then waited for.
     """
 
     def __init__(self) -> None:
         self.by_state: dict[str, int] = {s.value: 0 for s in State}
         self.parked_bytes = 0
+        self.holding: set[SessionKey] = set()
         self._lock = threading.Lock()
 
     def counted(self, row: SessionRow, sign: int) -> None:
+        key = (row.tenant, row.session_id)
         with self._lock:
             self.by_state[row.state] = self.by_state.get(row.state, 0) + sign
             if row.state == State.PARKED:
                 self.parked_bytes += sign * row.kv_bytes
+            if sign > 0 and holds_kv(row.state, row.kv_blocks):
+                self.holding.add(key)
+            elif sign < 0:
+                self.holding.discard(key)
 
     def state_set(self, row: SessionRow, new: str, old: str) -> None:
         with self._lock:
@@ -101,6 +116,22 @@ class StateTally:
                 self.parked_bytes -= row.kv_bytes
             if new == State.PARKED:
                 self.parked_bytes += row.kv_bytes
+            self._hold(row, holds_kv(new, row.kv_blocks))
+
+    def blocks_set(self, row: SessionRow, new: int) -> None:
+        with self._lock:
+            self._hold(row, holds_kv(row.state, new))
+
+    def _hold(self, row: SessionRow, holds: bool) -> None:
+        key = (row.tenant, row.session_id)
+        if holds:
+            self.holding.add(key)
+        else:
+            self.holding.discard(key)
+
+    def holders(self) -> list[SessionKey]:
+        with self._lock:
+            return list(self.holding)
 
     def bytes_set(self, row: SessionRow, new: int, old: int) -> None:
         if row.state == State.PARKED:
@@ -120,6 +151,13 @@ def _on_state(row: SessionRow, new: str, old: object, _initiator: object) -> Non
     tally: StateTally | None = getattr(row, _TALLY, None)
     if tally is not None and isinstance(old, str) and new != old:
         tally.state_set(row, new, old)
+
+
+@event.listens_for(SessionRow.kv_blocks, "set", active_history=True)
+def _on_kv_blocks(row: SessionRow, new: int, old: object, _initiator: object) -> None:
+    tally: StateTally | None = getattr(row, _TALLY, None)
+    if tally is not None and new != old:
+        tally.blocks_set(row, new)
 
 
 @event.listens_for(SessionRow.kv_bytes, "set", active_history=True)

@@ -36,6 +36,7 @@ def test_accounting_invariant_holds_after_every_step_of_a_random_workload(
     rng = random.Random(1234)
     ids: list[str] = []
     outcomes: dict[str, int] = {}
+    with_kv = 0  # the most sessions holding KV at once
     for step in range(300):
         op = rng.choice(["create", "generate", "generate", "pause", "resume", "delete", "move"])
         if op == "create" or not ids:
@@ -68,9 +69,19 @@ def test_accounting_invariant_holds_after_every_step_of_a_random_workload(
         for name, tier in parking.tiers.items():
             held = [r.kv_blocks for r in parking.live_sessions() if r.tier == name]
             assert tier.used_blocks == sum(held), name
+        # The policy loop's index of sessions holding KV agrees with a walk of them all.
+        walked = {
+            (r.tenant, r.session_id)
+            for r in parking.live_sessions()
+            if r.kv_blocks > 0 or r.state == "parked"
+        }
+        indexed = {(row.tenant, row.session_id) for row, _busy in parking.sessions_with_kv()}
+        assert indexed == walked == set(parking.registry.tally.holders())
+        with_kv = max(with_kv, len(walked))
     # the workload really exercised the full-pool and full-tier paths, not just the happy one
     assert outcomes.get("pause:ok", 0) > 10 and outcomes.get("resume:ok", 0) > 5
     assert outcomes.get("move:ok", 0) > 3
+    assert with_kv > 3
     assert any(k.endswith(("pool_full", "tier_full")) for k in outcomes), outcomes
 
 
