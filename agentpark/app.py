@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from agentpark import __version__
 from agentpark.api import admin, dashboard, host, metrics, sessions, tokens, vllm
 from agentpark.api.handlers import AllowMiddleware, BodyLimitMiddleware, install_error_handlers
+from agentpark.api.timing import ServerTimingMiddleware
 from agentpark.auth import Gate, TokenStore, is_loopback
 from agentpark.config import Settings
 from agentpark.errors import AgentparkError, ConfigError
@@ -142,4 +143,5 @@ def create_app(
         AllowMiddleware,
         routes=lambda: [*app.router.routes, *(r for router in routers for r in router.routes)],
     )
+    app.add_middleware(ServerTimingMiddleware)  # outermost of ours: it times them too
     return app

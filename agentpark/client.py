@@ -165,7 +165,8 @@ class AgentparkClient:
 
     ``token`` is sent as ``Authorization: Bearer`` (default ``$AGENTPARK_TOKEN``); the
     tenant is the token's. ``transport`` replaces httpx's network transport (tests,
-    proxies).
+    proxies); ``on_response`` is called with every ``httpx.Response`` before it is read
+    into a model (its headers: the daemon's ``Server-Timing``, say).
     """
 
     def __init__(
@@ -175,9 +176,12 @@ class AgentparkClient:
         token: str | None = None,
         timeout: float | httpx.Timeout | None = DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
+        on_response: Callable[[httpx.Response], None] | None = None,
     ) -> None:
         self.base_url = base_url
-        self._http = httpx.Client(**_options(base_url, token, timeout), transport=transport)
+        hooks = {"response": [on_response]} if on_response is not None else None
+        options = _options(base_url, token, timeout)
+        self._http = httpx.Client(**options, transport=transport, event_hooks=hooks)
 
     def _run(self, call: _Call[T]) -> T:
         return call.finish(self._http.request(call.method, call.path, **call.options()))
