@@ -1,4 +1,4 @@
-"""The policy loop: looks at every session each tick and acts through the
+"""The policy loop: looks at every session holding KV each tick and acts through the
 session core.
 
 Rules (agentpark.policy.rules) decide; this module only gathers the snapshot, carries out
