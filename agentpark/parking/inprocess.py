@@ -337,7 +337,7 @@ class InProcessDriver:
         if short <= 0:
             return
         others = [o for o in self.core.registry.all() if o is not live]
-        views = [_view(o) for o in others]
+        views = [SessionView.of(o.row, o.busy, len(o.block_table)) for o in others]
         chosen = least_recently_used(views, short)
         if sum(v.kv_blocks for v in chosen) < short:
             return
@@ -400,19 +400,6 @@ class InProcessDriver:
             self.release(live, surplus)
             live.block_table = live.block_table[:keep]
             self.core.sync_kv(live)
-
-
-def _view(live: LiveSession) -> SessionView:
-    row = live.row
-    return SessionView(
-        key=live.key,
-        state=row.state,
-        tier=row.tier,
-        kv_blocks=len(live.block_table),
-        kv_bytes=row.kv_bytes,
-        last_active_at=row.last_active_at,
-        busy=live.busy,
-    )
 
 
 def in_process_core(

@@ -9,9 +9,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agentpark.config import PolicySettings
 from agentpark.enums import PARKING_TIERS, State
+
+if TYPE_CHECKING:
+    from agentpark.store.models import SessionRow
 
 __all__ = [
     "Demote",
@@ -46,6 +50,22 @@ class SessionView:
     busy: bool  # an operation (generate, pause, ...) holds it right now
     tier_since: float | None = None
     expected_resume_at: float | None = None
+
+    @classmethod
+    def of(cls, row: SessionRow, busy: bool, kv_blocks: int | None = None) -> SessionView:
+        """A session row as the rules see it; ``kv_blocks`` where the caller knows better
+        than the row (the block table of a session the engine is growing)."""
+        return cls(
+            key=(row.tenant, row.session_id),
+            state=row.state,
+            tier=row.tier,
+            kv_blocks=row.kv_blocks if kv_blocks is None else kv_blocks,
+            kv_bytes=row.kv_bytes,
+            last_active_at=row.last_active_at,
+            busy=busy,
+            tier_since=row.tier_since,
+            expected_resume_at=row.expected_resume_at,
+        )
 
 
 @dataclass(frozen=True)

@@ -125,19 +125,7 @@ class PolicyService:
         for n, (row, busy) in enumerate(self.core.sessions_with_kv()):  # no KV: no rule acts
             if n and n % YIELD_EVERY == 0:
                 time.sleep(YIELD_S)
-            views.append(
-                SessionView(
-                    key=(row.tenant, row.session_id),
-                    state=row.state,
-                    tier=row.tier,
-                    kv_blocks=row.kv_blocks,
-                    kv_bytes=row.kv_bytes,
-                    last_active_at=row.last_active_at,
-                    busy=busy,
-                    tier_since=row.tier_since,
-                    expected_resume_at=row.expected_resume_at,
-                )
-            )
+            views.append(SessionView.of(row, busy))
         engine = self.engine_rules
         actions: list[Action] = list(pressure_rule(views, host, cfg)) if engine else []
         chosen = {a.key for a in actions}
