@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Response, status
+from starlette.concurrency import run_in_threadpool
 
 from agentpark.api.deps import AUTH_ERRORS, ReadySessionsCaller, SessionsCaller
 from agentpark.api.schemas import (
@@ -124,11 +125,15 @@ def _after(cursor: str | None) -> int:
 async def get_session(caller: SessionsCaller, session_id: str) -> SessionOut:
     """One session of the tenant, deleted ones included.
 
-    ``async``: the live row is a dict lookup and a deleted one a primary-key read, never a
-    wait for a session's lock, so it runs on the event loop, without the thread-pool hop
-    (a third of a millisecond here) that a sync route pays.
+    ``async``: a live session's row is a dict lookup, answered on the event loop without
+    the thread-pool hop (a third of a millisecond here) a sync route pays. A deleted or
+    unknown one is a database read, which could wait for a pooled connection: that one
+    goes to the thread pool.
     """
-    return SessionOut.of(caller.parking.get(caller.tenant, session_id))
+    row = caller.parking.live_row(caller.tenant, session_id)
+    if row is None:
+        row = await run_in_threadpool(caller.parking.get, caller.tenant, session_id)
+    return SessionOut.of(row)
 
 
 @router.delete(

@@ -103,6 +103,11 @@ class CoreBase:
 
     # ---- lookups ------------------------------------------------------------------------
 
+    def live_row(self, tenant: str, session_id: str) -> SessionRow | None:
+        """A live session's row, from memory (never the database); None: deleted or unknown."""
+        live = self.registry.find((tenant, session_id))
+        return None if live is None else live.row
+
     def get(self, tenant: str, session_id: str) -> SessionRow:
         """A session by id, deleted ones included (their rows are history)."""
         live = self.registry.find((tenant, session_id))
