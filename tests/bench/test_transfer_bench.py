@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -150,12 +150,15 @@ def test_jax_memkind_refuses_host_copy_flags(
     assert says in err.text and "--backend jax_memkind" in err.text
 
 
-def test_jax_memkind_fails_the_bench_on_a_restore_that_is_not_bit_exact(
-    consoles: Consoles, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    class Corrupting(JaxMemkindTransfer):
-        """Restores, then flips one bit of the first restored block."""
+T = TypeVar("T")
 
+
+def _corrupting_restores(base: type[T], monkeypatch: pytest.MonkeyPatch) -> type[T]:
+    """A ``base`` transfer that flips one bit of the first block it restores into the
+    bench's engine (not the scratch fill); the bench's stacks report their tier to it."""
+    engine_tier: list[object] = [None]
+
+    class Corrupting(base):  # type: ignore[valid-type, misc]
         def h2d(self, tier, slots, engine, block_ids, digest=False):  # type: ignore[no-untyped-def]
             got = super().h2d(tier, slots, engine, block_ids, digest)
             if tier is not engine_tier[0]:
@@ -165,21 +168,28 @@ def test_jax_memkind_fails_the_bench_on_a_restore_that_is_not_bit_exact(
                 engine.set_kv_pool([pool.at[block_ids[0], 0, 0, 0, 0, 0].add(1)])
             return got
 
-    engine_tier: list[object] = [None]
     real_stack_build = bench._Stack.build
-    real_select = bench.select_transfer
 
     def build(*args: Any, **kwargs: Any) -> bench._Stack:
         stack = real_stack_build(*args, **kwargs)
         engine_tier[0] = stack.tier
         return stack
 
+    monkeypatch.setattr(bench._Stack, "build", build)
+    return Corrupting
+
+
+def test_jax_memkind_fails_the_bench_on_a_restore_that_is_not_bit_exact(
+    consoles: Consoles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Corrupting = _corrupting_restores(JaxMemkindTransfer, monkeypatch)
+    real_select = bench.select_transfer
+
     def select(backend: str, **kwargs: Any) -> Any:
         real = real_select(backend, **kwargs)  # the real platform check
         return Corrupting() if backend == "jax_memkind" else real
 
     monkeypatch.setattr(bench, "select_transfer", select)
-    monkeypatch.setattr(bench._Stack, "build", build)
     code = bench.run_transfer_bench(
         [1 * MiB],
         repeats=1,
@@ -332,28 +342,8 @@ def test_a_restore_that_is_not_bit_exact_fails_the_bench(
     disk_parent: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    class Corrupting(HostCopyTransfer):
-        """Restores, then flips one bit of the first restored block."""
-
-        def h2d(self, tier, slots, engine, block_ids, digest=False):  # type: ignore[no-untyped-def]
-            got = super().h2d(tier, slots, engine, block_ids, digest)
-            if tier is not engine_tier[0]:
-                return got  # the scratch fill: leave it alone
-            with engine.lock:
-                (pool,) = engine.kv_pool()
-                engine.set_kv_pool([pool.at[block_ids[0], 0, 0, 0, 0, 0].add(1)])
-            return got
-
-    engine_tier: list[object] = [None]
-    real_stack_build = bench._Stack.build
-
-    def build(*args: Any, **kwargs: Any) -> bench._Stack:
-        stack = real_stack_build(*args, **kwargs)
-        engine_tier[0] = stack.tier
-        return stack
-
+    Corrupting = _corrupting_restores(HostCopyTransfer, monkeypatch)
     monkeypatch.setattr(bench, "HostCopyTransfer", Corrupting)
-    monkeypatch.setattr(bench._Stack, "build", build)
     directory = _directory(tier, shm_parent, disk_parent)
     code = bench.run_transfer_bench(
         [1 * MiB],

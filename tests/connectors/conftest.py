@@ -50,6 +50,20 @@ class ControlDaemon:
         assert answer is not None, f"{op}: no answer"
         return answer
 
+    def plan_park(self, session_id: str, tokens: list[int], blocks: list[int]) -> dict[str, Any]:
+        """``prepare_store`` of a tool call (search, back in 60 s) the daemon parks."""
+        plan = self.call(
+            "prepare_store",
+            tokens,
+            tenant=TENANT,
+            session_id=session_id,
+            block_ids=blocks,
+            tool="search",
+            expected_resume_s=60.0,
+        )
+        assert plan["ok"] and plan["decision"] == "parked", plan
+        return plan
+
     def kinds(self, session_id: str) -> list[str]:
         return [e.kind for e in reversed(self.store.events(TENANT, session_id, 100))]
 

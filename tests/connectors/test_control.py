@@ -22,7 +22,7 @@ from agentpark.connectors.protocol import Layout, PoolFile, encode_tokens
 from agentpark.enums import State
 from agentpark.integrity import checksum
 from agentpark.tiers.base import HostTier
-from tests.connectors.conftest import ControlDaemon
+from tests.connectors.conftest import TENANT, ControlDaemon
 
 BLOCK = 16
 LAYOUT = Layout(
@@ -32,7 +32,6 @@ LAYOUT = Layout(
     arrays=(((2, BLOCK, 8), "uint16"), ((2, BLOCK, 8), "uint16")),
     kv_dtype="torch.bfloat16",
 )
-TENANT = "default"
 
 
 class _View:
@@ -99,16 +98,7 @@ def _park(
     daemon: Daemon, worker: Worker, session_id: str, tokens: list[int], seed: int = 0
 ) -> tuple[dict[str, Any], list[np.ndarray]]:
     blocks = list(range(100, 100 + len(tokens) // BLOCK))
-    answer = daemon.call(
-        "prepare_store",
-        tokens,
-        tenant=TENANT,
-        session_id=session_id,
-        block_ids=blocks,
-        tool="search",
-        expected_resume_s=60.0,
-    )
-    assert answer["ok"] and answer["decision"] == "parked", answer
+    answer = daemon.plan_park(session_id, tokens, blocks)
     rows = worker.write(answer["slots"], seed)
     done = daemon.call(
         "complete_store",
@@ -118,10 +108,6 @@ def _park(
     )
     assert done["decision"] == "parked", done
     return answer, rows
-
-
-def _kinds(daemon: Daemon, session_id: str) -> list[str]:
-    return [e.kind for e in reversed(daemon.store.events(TENANT, session_id, 100))]
 
 
 def test_the_socket_and_pool_file_are_private_and_the_header_names_the_layout(
@@ -169,7 +155,7 @@ def test_a_two_phase_park_then_a_load_restores_the_parked_bytes(daemon: Daemon) 
     assert core.get(TENANT, "agent-1").state == State.ACTIVE
     assert core.counters.prefill_tokens_avoided == 2 * BLOCK
     assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
-    assert _kinds(daemon, "agent-1") == ["create", "turn", "pause", "resume", "tool_return"]
+    assert daemon.kinds("agent-1") == ["create", "turn", "pause", "resume", "tool_return"]
 
 
 def test_a_short_pause_is_kept_and_nothing_is_reserved(daemon: Daemon) -> None:
@@ -201,7 +187,7 @@ def test_a_copy_the_worker_reports_damaged_is_dropped_and_counted_as_recomputed(
     assert worker.checksum(load["parked_slots"]) != load["checksum"]  # what the worker sees
     done = daemon.call("load_done", load_id=load["load_id"], ok=False, cause="checksum")
     assert done["restored_tokens"] == 0
-    kinds = _kinds(daemon, "s")
+    kinds = daemon.kinds("s")
     assert kinds[-3:] == ["corrupt", "recompute", "tool_return"]
     assert daemon.service.driver.core.get(TENANT, "s").state == State.ACTIVE
     assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
@@ -230,7 +216,7 @@ def test_a_store_the_engine_never_finishes_is_failed_and_its_slots_freed(
     )
     assert daemon.service.driver.expire(0.0) == 1
     row = daemon.service.driver.core.get(TENANT, "s")
-    assert row.state == State.ACTIVE and "pause_failed" in _kinds(daemon, "s")
+    assert row.state == State.ACTIVE and "pause_failed" in daemon.kinds("s")
     assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
     late = daemon.call("complete_store", store_id=answer["store_id"], ok=True, checksum=None)
     assert late["decision"] == "kept"  # too late: not parked

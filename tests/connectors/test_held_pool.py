@@ -35,16 +35,7 @@ def _register(daemon: ControlDaemon, held: Held = HELD, layout: Layout = LAYOUT)
 
 def _park(daemon: ControlDaemon, session_id: str, tokens: list[int]) -> dict[str, Any]:
     blocks = list(range(30, 30 + len(tokens) // BLOCK))
-    plan = daemon.call(
-        "prepare_store",
-        tokens,
-        tenant=TENANT,
-        session_id=session_id,
-        block_ids=blocks,
-        tool="search",
-        expected_resume_s=60.0,
-    )
-    assert plan["ok"] and plan["decision"] == "parked", plan
+    plan = daemon.plan_park(session_id, tokens, blocks)
     # A worker that sent a checksum anyway: a held pool never records one.
     done = daemon.call(
         "complete_store", store_id=plan["store_id"], ok=True, checksum="xxh3p:00", detail=None

@@ -30,7 +30,8 @@ from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
 from agentpark.tiers.filetier import FileTier
 from tests.conftest import tiny_settings
-from tests.connectors.test_control import BLOCK, TENANT, Daemon, _kinds, _park, _register
+from tests.connectors.conftest import TENANT
+from tests.connectors.test_control import BLOCK, Daemon, _park, _register
 
 DEMOTE_S = 60.0
 TTL_S = 600.0
@@ -237,7 +238,7 @@ def test_a_parked_copy_past_its_ttl_is_dropped_counted_and_the_next_turn_recompu
     )  # nothing to load: vLLM computes the prompt
     again, _ = _park(daemon, worker, "pool", list(range(3, 3 + 3 * BLOCK)))
     assert again["decision"] == "parked"
-    kinds = _kinds(daemon, "pool")
+    kinds = daemon.kinds("pool")
     assert "lost" in kinds and kinds[-2:] == ["turn", "pause"]
     # The new copy is young; the lost session on disk is not dropped twice.
     assert daemon.policy.tick(time.time()) == []

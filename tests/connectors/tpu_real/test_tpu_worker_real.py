@@ -45,24 +45,9 @@ from tests.connectors.tpu_real.kv import (
     forward,
     make_caches,
 )
+from tests.dma.tpu_real.counting import CountingManager
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-class CountingManager:
-    """The real KVCacheManager, with every d2h/h2d call counted on the way through."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.calls: list[tuple[str, list[int], list[int], list[int] | None]] = []
-
-    def d2h(self, src: list[int], dst: list[int], sizes: list[int] | None = None) -> Any:
-        self.calls.append(("d2h", src, dst, sizes))
-        return self.real.d2h(src, dst, sizes)
-
-    def h2d(self, src: list[int], dst: list[int], sizes: list[int] | None = None) -> Any:
-        self.calls.append(("h2d", src, dst, sizes))
-        return self.real.h2d(src, dst, sizes)
 
 
 @pytest.fixture
@@ -99,17 +84,7 @@ def make_worker(
 
 def _plan(daemon: ControlDaemon, session_id: str, blocks: list[int]) -> dict[str, Any]:
     tokens = list(range(100, 100 + len(blocks) * BLOCK))
-    plan = daemon.call(
-        "prepare_store",
-        tokens,
-        tenant=TENANT,
-        session_id=session_id,
-        block_ids=blocks,
-        tool="search",
-        expected_resume_s=60.0,
-    )
-    assert plan["ok"] and plan["decision"] == "parked", plan
-    return plan
+    return daemon.plan_park(session_id, tokens, blocks)
 
 
 def _store(plan: dict[str, Any], blocks: list[int], slots: list[int] | None = None) -> StoreMeta:

@@ -32,26 +32,11 @@ from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.tiers.base import BackendHeldTier
 from agentpark.tiers.dram import DramTier
 from tests.conftest import Daemon, DaemonProcess, free_port, write_config
+from tests.dma.tpu_real.counting import CountingManager
 
 NUM_BLOCKS = 32
 HOST_BLOCKS = 16
 TPU_SYNC = {"backend": "tpu_sync", "tpu_sync_on_cpu": True}
-
-
-class CountingManager:
-    """The real KVCacheManager, with every d2h/h2d call counted on the way through."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.calls: list[tuple[str, list[int], list[int], list[int] | None]] = []
-
-    def d2h(self, src: list[int], dst: list[int], sizes: list[int] | None = None) -> Any:
-        self.calls.append(("d2h", src, dst, sizes))
-        return self.real.d2h(src, dst, sizes)
-
-    def h2d(self, src: list[int], dst: list[int], sizes: list[int] | None = None) -> Any:
-        self.calls.append(("h2d", src, dst, sizes))
-        return self.real.h2d(src, dst, sizes)
 
 
 @pytest.fixture
