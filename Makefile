@@ -32,7 +32,11 @@ VLLM_ENV   := AGENTPARK_VLLM_TESTS=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_N
 
 .PHONY: serve test test-tpu test-vllm lint format bench bench-tpu bench-vllm gpu-check clean
 
-$(STAMP): pyproject.toml
+# The native copy kernel (agentpark.dma.native) is built by the install: a change to it
+# reinstalls.
+NATIVE := agentpark/dma/_copyhash.c
+
+$(STAMP): pyproject.toml $(NATIVE)
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else f"agentpark needs Python >= 3.11, {sys.executable} is {v.major}.{v.minor}: run make PYTHON=python3.12 ...")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -42,14 +46,14 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/agentpark serve $(SERVE_ARGS)
 
-$(STAMP_TPU): pyproject.toml
+$(STAMP_TPU): pyproject.toml $(NATIVE)
 	@[ -n "$(PYTHON312)" ] || { echo "no Python >= 3.12 found: cannot make $(VENV_TPU)"; exit 1; }
 	$(PYTHON312) -m venv $(VENV_TPU)
 	$(VENV_TPU)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV_TPU)/bin/python -m pip install --quiet -e '.[tpu,test]'
 	@touch $@
 
-$(STAMP_VLLM): pyproject.toml
+$(STAMP_VLLM): pyproject.toml $(NATIVE)
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else f"vLLM needs Python >= 3.11, {sys.executable} is {v.major}.{v.minor}")'
 	$(PYTHON) -m venv $(VENV_VLLM)
 	$(VENV_VLLM)/bin/python -m pip install --quiet --upgrade pip
@@ -102,4 +106,4 @@ gpu-check:
 	bash deploy/gpu-check.sh
 
 clean:
-	rm -rf $(VENV) $(VENV_TPU) $(VENV_VLLM) .venv-gpu .pytest_cache .ruff_cache .mypy_cache *.egg-info
+	rm -rf $(VENV) $(VENV_TPU) $(VENV_VLLM) .venv-gpu .pytest_cache .ruff_cache .mypy_cache *.egg-info build agentpark/dma/*.so

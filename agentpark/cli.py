@@ -164,6 +164,13 @@ def _parser() -> argparse.ArgumentParser:
         "the copy runs (the copy-alone table times the other path too)",
     )
     transfer.add_argument(
+        "--no-native-copy",
+        dest="native_copy",
+        action="store_false",
+        help="host_copy's dma.native_copy = false: numpy copies and xxhash instead of the "
+        "native kernel (the copy-alone tables time both either way, where it is built)",
+    )
+    transfer.add_argument(
         "--backend",
         choices=("host_copy", "jax_memkind", "tpu_sync"),
         default="host_copy",
@@ -661,6 +668,7 @@ def _bench_transfer(args: argparse.Namespace) -> int:
         copy_threads=args.copy_threads,
         backend=args.backend,
         hash_thread=args.hash_thread,
+        native_copy=args.native_copy,
     )
 
 

@@ -186,6 +186,11 @@ class DmaSettings(_Section):
         description="host_copy: hash the checksum on one more thread while the copy runs "
         "(needs a free core; the copier hashes a span itself when that thread falls behind)",
     )
+    native_copy: bool = Field(
+        True,
+        description="host_copy: copy and hash in one pass with the native kernel where it is "
+        "built (agentpark.dma.native); numpy and xxhash otherwise, and with hash_thread",
+    )
 
 
 class VllmSettings(_Section):

@@ -109,6 +109,7 @@ class Runtime:
                 settings.dma.backend,
                 copy_threads=settings.dma.copy_threads,
                 hash_thread=settings.dma.hash_thread,
+                native_copy=settings.dma.native_copy,
             )
             tiers = build_tiers(settings, engine.geometry, engine.model_uid)
             try:

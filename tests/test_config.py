@@ -179,6 +179,7 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         "dma.tpu_sync_shm": "true",
         "dma.copy_threads": "2",
         "dma.hash_thread": "true",
+        "dma.native_copy": "false",
         "limits.max_new_tokens": "64",
         "limits.max_body_bytes": "4096",
         "limits.max_metadata_bytes": "1024",

@@ -28,6 +28,12 @@ table also times the other checksum path in the same repeats (the hash thread wi
 flag, the fused one-thread hash with it), and a fourth table puts the two side by side:
 an A/B under the same machine noise.
 
+``native_copy`` (``--no-native-copy`` turns it off) is host_copy's ``dma.native_copy``: pauses
+and in-place restores through the native kernel (agentpark.dma.native: copy and xxh3 in one
+pass). Where the kernel is built, the copy alone is also timed through the other copy loop
+(numpy and xxhash, or the kernel) in the same repeats, and a last table puts the two side by
+side.
+
 Sessions get their KV synthetically (no model step is compiled for a huge context): seeded
 random pages are written into the pool by the DMA core itself, from a scratch DRAM tier, and
 the session is then handed those blocks (see :meth:`InProcessDriver.adopt_kv`). Once per
@@ -96,7 +102,7 @@ from agentpark.bench.common import (
     stdout_console,
     timed,
 )
-from agentpark.dma import Transfer, select_transfer
+from agentpark.dma import Transfer, native, select_transfer
 from agentpark.dma.host_copy import MAX_COPY_THREADS, HostCopyTransfer
 from agentpark.dma.jax_memkind import DEVICE, PINNED_HOST, JaxMemkindTransfer
 from agentpark.dma.tpu_sync_shm import tpu_sync_version
@@ -385,6 +391,7 @@ class _Stack:
     copy_threads: int = 1  # host_copy's dma.copy_threads (1 for tpu_sync and jax_memkind)
     hash_thread: bool = False  # host_copy's dma.hash_thread
     backend: str = "host_copy"
+    native_copy: bool = True  # host_copy's dma.native_copy (False where it is not built)
     # host_copy: which path the session core's timed restores took ("in place", "xla").
     restore_paths: set[str] = field(default_factory=set)
 
@@ -413,6 +420,7 @@ class _Stack:
         copy_threads: int = 1,
         backend: str = "host_copy",
         hash_thread: bool = False,
+        native_copy: bool = True,
     ) -> _Stack:
         url = f"sqlite:///{state_dir / 'agentpark.db'}"
         upgrade(url)
@@ -445,7 +453,9 @@ class _Stack:
                 transfer = filler = select_transfer("jax_memkind")
             else:
                 tier = _make_tier(tier_name, tier_dir, engine, largest)
-                copier = HostCopyTransfer(copy_threads=copy_threads, hash_thread=hash_thread)
+                copier = HostCopyTransfer(
+                    copy_threads=copy_threads, hash_thread=hash_thread, native_copy=native_copy
+                )
                 # Compile the restore scatter for every window size before anything is timed.
                 copier.warmup(engine, tier)
                 transfer = filler = copier
@@ -459,8 +469,18 @@ class _Stack:
                 tier.close()
             store.close()
             raise
+        native_on = isinstance(transfer, HostCopyTransfer) and transfer.native_copy
         return cls(
-            store, engine, transfer, tier, driver, filler, copy_threads, hash_thread, backend
+            store,
+            engine,
+            transfer,
+            tier,
+            driver,
+            filler,
+            copy_threads,
+            hash_thread,
+            backend,
+            native_on,
         )
 
     def close(self) -> None:
@@ -491,6 +511,7 @@ def run_transfer_bench(
     copy_threads: int = 1,
     backend: str = "host_copy",
     hash_thread: bool = False,
+    native_copy: bool = True,
 ) -> int:
     """Measure, print the tables (to ``console``, stdout by default); 1 if a restore differs.
 
@@ -527,7 +548,15 @@ def run_transfer_bench(
             # Registered first, so it runs last: after the tier's file is closed.
             cleanup.callback(shutil.rmtree, tier_dir, ignore_errors=True)
         stack = _Stack.build(
-            state_dir, tier, tier_dir, max(sizes), block_tokens, copy_threads, backend, hash_thread
+            state_dir,
+            tier,
+            tier_dir,
+            max(sizes),
+            block_tokens,
+            copy_threads,
+            backend,
+            hash_thread,
+            native_copy,
         )
         cleanup.callback(stack.close)
         ncopy = _threaded_copyto(copy_threads, cleanup)
@@ -553,6 +582,8 @@ def run_transfer_bench(
     if backend == "host_copy":
         out.print(_paths_table(results, hash_thread))
         out.print(_restore_paths_table(results, copy_threads))
+        if native.available() is not None:
+            out.print(_copiers_table(results, stack.native_copy))
     for note in notes:
         out.print(note, soft_wrap=True, highlight=False)
     failed = [r for r in results if not r.exact]
@@ -780,6 +811,20 @@ def _copy_alone(stack: _Stack, key: tuple[str, str], measure: Callable[..., None
                 measure("h2d+xxh3 alt", dma.h2d, tier, slots, engine, blocks, True)
             finally:
                 dma.hash_thread = stack.hash_thread
+            if native.available() is not None:
+                # The other copy loop, in the same repeat: native kernel <-> numpy.
+                other = _other_copier(stack.native_copy)
+                dma.native_copy = not stack.native_copy
+                try:
+                    for digest, suffix in digests:
+                        measure(
+                            f"d2h{suffix} {other}", dma.d2h, engine, blocks, tier, slots, digest
+                        )
+                        measure(
+                            f"h2d{suffix} {other}", dma.h2d, tier, slots, engine, blocks, digest
+                        )
+                finally:
+                    dma.native_copy = stack.native_copy
             # The restore through XLA's donated writes, in the same repeat (A/B).
             dma.in_place = False
             try:
@@ -1004,6 +1049,38 @@ def _paths_table(results: Sequence[SizeResult], hash_thread: bool = False) -> Ta
     return table
 
 
+def _other_copier(native_copy: bool) -> str:
+    """The copy loop the A/B times beside the configured one (op-name suffix)."""
+    return "numpy" if native_copy else "kernel"
+
+
+def _copiers_table(results: Sequence[SizeResult], native_copy: bool = True) -> Table:
+    """The copy alone through the native kernel and through numpy, in the same repeats:
+    a row per size and copy loop."""
+    tier = results[0].tier if results else "?"
+    table = Table(
+        title=f"native kernel vs numpy ({tier}): HostCopyTransfer.d2h/h2d alone, over np.copyto"
+    )
+    other = _other_copier(native_copy)
+    ops = ("d2h", "h2d", "d2h+xxh3", "h2d+xxh3")
+    names = {"kernel": ops, "numpy": tuple(f"{op} {other}" for op in ops)}
+    if not native_copy:
+        names = {"kernel": names["numpy"], "numpy": ops}
+    heads = ["KV/session", "copy loop", "pause", "restore", "pause+xxh3", "restore+xxh3"]
+    for head in heads:
+        table.add_column(head, justify="right")
+    for r in results:
+        target = TARGET_RATIO if r.size >= TARGET_FROM and tier != "disk" else None
+        for copier, op_names in names.items():
+            cells = [r.ops.get(name) for name in op_names]
+            if any(op is None or not op.s for op in cells):
+                table.add_row(human(r.size), copier, *["-"] * len(op_names))
+                continue
+            ratios = (_ratio_cell(op.ratios, target) for op in cells if op)
+            table.add_row(human(r.size), copier, *ratios)
+    return table
+
+
 def _restore_paths_table(results: Sequence[SizeResult], threads: int = 1) -> Table:
     """The restore of the copy alone, in place and through XLA, timed in the same repeats."""
     tier = results[0].tier if results else "?"
@@ -1067,15 +1144,35 @@ def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> lis
     if stack.backend == "jax_memkind":
         notes.append(_memkind_note(stack))
     elif stack.checksummed:
+        kernel = native.available()
+        if stack.hash_thread:
+            path = (
+                "numpy copies, hashed on a second thread, 4 MiB spans behind the pause's copy "
+                "and beside the restore's write (the copier hashes a span itself when that "
+                "thread is two spans behind)"
+            )
+        elif stack.native_copy:
+            path = (
+                f"the native kernel ({kernel} path) copies and hashes in one pass, each "
+                "64-byte stripe loaded once, stored with non-temporal stores and folded into "
+                "the piece's xxh3 (pause: from the pool; restore: from the tier)"
+            )
+        else:
+            path = (
+                "numpy copies; hashed by the copying thread just before it copies the piece, "
+                "which then reads it from cache (pause: from the pool; restore: from the tier)"
+            )
         path = (
-            "dma.hash_thread = true: hashed on a second thread, 4 MiB spans behind the pause's "
-            "copy and beside the restore's write (the copier hashes a span itself when that "
-            "thread is two spans behind)"
-            if stack.hash_thread
-            else "dma.hash_thread = false: hashed by the copying thread just before it copies "
-            "the piece, which then reads it from cache (pause: from the pool; restore: from the "
-            "tier)"
+            f"dma.hash_thread = {str(stack.hash_thread).lower()}, dma.native_copy = "
+            f"{str(stack.native_copy).lower()}: {path}"
         )
+        if kernel is None:
+            path += "; the native kernel is not built here"
+        else:
+            path += (
+                ". The kernel-vs-numpy table times both copy loops of the copy alone in the "
+                "same repeats"
+            )
         notes.append(
             f"checksum: xxh3-64 per 1 MiB piece; {path}; '+ on pause/restore' is the "
             "checksum-on time over the checksum-off one. 'xxh3 alone' is integrity.checksum "

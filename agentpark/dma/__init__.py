@@ -66,6 +66,7 @@ def select_transfer(
     tpu_sync_shm: TpuSyncShm | None = None,
     copy_threads: int = 1,
     hash_thread: bool = False,
+    native_copy: bool = True,
 ) -> Transfer:
     """The backend ``dma.backend`` names, checked against this platform and installation.
 
@@ -76,8 +77,8 @@ def select_transfer(
     also runs on JAX's CPU platform; ``tpu_sync_on_cpu`` (``dma.tpu_sync_on_cpu``) allows that,
     for tests and the bench: it moves bytes, but says nothing about a TPU's DMA engine.
     ``tpu_sync_shm`` turns on TPU Sync's own /dev/shm warm boot, checked by agentpark.
-    ``copy_threads`` (``dma.copy_threads``) and ``hash_thread`` (``dma.hash_thread``) are
-    host_copy's; the other backends ignore them.
+    ``copy_threads`` (``dma.copy_threads``), ``hash_thread`` (``dma.hash_thread``) and
+    ``native_copy`` (``dma.native_copy``) are host_copy's; the other backends ignore them.
     """
     platform = jax.default_backend()
     if backend == "auto":
@@ -92,7 +93,9 @@ def select_transfer(
                 f"host_copy needs the pool in host memory, but JAX's platform is {platform!r}; "
                 "use 'jax_memkind' (or 'tpu_sync' on TPU hosts)",
             )
-        return HostCopyTransfer(copy_threads=copy_threads, hash_thread=hash_thread)
+        return HostCopyTransfer(
+            copy_threads=copy_threads, hash_thread=hash_thread, native_copy=native_copy
+        )
     if backend == "jax_memkind":
         missing = [kind for kind in _MEMORY_KINDS if kind not in _memory_kinds()]
         if missing:

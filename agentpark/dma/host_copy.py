@@ -1,9 +1,15 @@
 """host_copy: the CPU backend, where the pool already lives in host memory.
 
-Pause: ``np.asarray(pool)`` is a zero-copy view on JAX's CPU backend, so parking is one
-gather-copy per run of tier slots straight into the preallocated tier buffer
-(``np.take`` with ``mode="clip"``: the default ``"raise"`` stages ``out`` through a
-temporary and runs at a quarter of memcpy speed; ids are bounds-checked once instead).
+Copy loops: the native kernel (agentpark.dma.native, ``dma.native_copy``, the default where
+it is built and every pool array's block is whole 64-byte stripes) copies a chunk's blocks
+in one call per pool array, hashing them in the same pass; numpy otherwise, as below. Both
+give the same bytes and the same checksum.
+
+Pause: ``np.asarray(pool)`` is a zero-copy view on JAX's CPU backend, so parking is a
+gather-copy straight into the preallocated tier buffer: the kernel's (non-temporal stores:
+the parked copy is not read again soon), or one ``np.take`` per run of tier slots
+(``mode="clip"``: the default ``"raise"`` stages ``out`` through a temporary and runs at a
+quarter of memcpy speed; ids are bounds-checked once instead).
 
 Restore, in place (the default on JAX's CPU platform, agentpark.dma.in_place): the
 mirror of the pause. The pool arrays are made exclusively XLA's and ready (a donated
@@ -28,9 +34,9 @@ Copies go in chunks of at most ``chunk_bytes``, each under the engine lock and t
 let go between chunks, so other sessions keep decoding while a large session moves: the
 bytes in flight at any moment are bounded by one chunk.
 
-Checksum (``digest=True``, see agentpark.integrity): both directions hash a 1 MiB piece
-just before copying it, so the copy reads it from L2: the pause from the pool, the in-place
-restore from the tier. The XLA restore hashes an 8 MiB span of the tier, then writes it
+Checksum (``digest=True``, see agentpark.integrity): the kernel folds each stripe into its
+piece's xxh3 as it copies it (from the pool on a pause, from the tier on a restore). The
+numpy loop hashes a 1 MiB piece just before copying it, so the copy reads it from L2. The XLA restore hashes an 8 MiB span of the tier, then writes it
 into the pool (from L3), or, with ``copy_threads`` > 1, hashes it on the workers while this
 thread writes it. One thread cannot hide the hash: it costs its compute time from cache
 (xxh3 ~4x memcpy speed there); see the README's Benchmarks for what each path measures.
@@ -39,8 +45,8 @@ thread writes it. One thread cannot hide the hash: it costs its compute time fro
 (this one and a small pool), in whole pieces when hashing; numpy's copies and xxhash
 release the GIL.
 
-``hash_thread`` (``dma.hash_thread``): a copy of more than one 4 MiB span hashes on one more
-thread instead (agentpark.dma.hash_thread): the pause posts each span it has copied, the
+``hash_thread`` (``dma.hash_thread``): numpy copies, and a copy of more than one 4 MiB span
+hashes on one more thread instead (agentpark.dma.hash_thread): the pause posts each span it has copied, the
 restore each span it is about to write, and the copier hashes a span itself whenever that
 thread is two spans behind. Same checksum; it pays only where a core is idle (README).
 """
@@ -59,6 +65,7 @@ import jax
 import numpy as np
 
 from agentpark.blocks import PoolGeometry, check_copy, contiguous_runs, paired_runs
+from agentpark.dma import native
 from agentpark.dma.hash_thread import HashJob, PieceHasher
 from agentpark.dma.in_place import HeldPool, hold
 from agentpark.engine.base import EngineAdapter
@@ -114,6 +121,7 @@ class HostCopyTransfer:
         copy_threads: int = 1,
         hash_thread: bool = False,
         in_place: bool = True,
+        native_copy: bool = True,
     ) -> None:
         if not 1 <= copy_threads <= MAX_COPY_THREADS:
             raise ValueError(f"copy_threads must be 1..{MAX_COPY_THREADS}, got {copy_threads}")
@@ -124,6 +132,10 @@ class HostCopyTransfer:
         self.hash_thread = hash_thread
         self.hash_span_bytes = HASH_SPAN_BYTES
         self.hasher = PieceHasher(_HASH_DEPTH)
+        # dma.native_copy: pauses and in-place restores through the native kernel
+        # (agentpark.dma.native: copy and hash in one pass) where it is built and takes the
+        # arrays; numpy and xxhash otherwise, and always with the hash thread.
+        self.native_copy = native_copy and native.available() is not None
         # Called between chunks, outside the engine lock: progress bars, and tests that
         # need a copy held open while they check that others are not blocked.
         self.chunk_hook: Callable[[int], None] | None = None
@@ -198,6 +210,11 @@ class HostCopyTransfer:
             return None
         return self.hasher.try_start(buffers, slots, piece_blocks(geometry))
 
+    def _native(self, dsts: Sequence[np.ndarray], srcs: Sequence[np.ndarray]) -> bool:
+        """Whether this copy goes through the native kernel (``dma.native_copy``)."""
+        pairs = zip(dsts, srcs, strict=True)
+        return self.native_copy and all(native.usable(d, s) for d, s in pairs)
+
     def _after_chunk(self, nbytes: int) -> None:
         if self.chunk_hook is not None:
             self.chunk_hook(nbytes)
@@ -271,6 +288,16 @@ class HostCopyTransfer:
                     if job is not None:
                         gather = partial(
                             _gather_spans, views, buffers, src_ids, chunk_slots, span, job, lo
+                        )
+                    elif self._native(buffers, views):
+                        gather = partial(
+                            _copy_native,
+                            buffers,
+                            _int64(chunk_slots),
+                            views,
+                            src_ids,
+                            k if digest else 0,
+                            True,
                         )
                     else:
                         gather = partial(
@@ -393,6 +420,18 @@ class HostCopyTransfer:
             span = unit = self._span_blocks(geometry)
             scatter = partial(
                 _scatter_spans, held.views, buffers, dst_ids, steps, slots, span, job, offset
+            )
+        elif self._native(held.views, buffers):
+            unit = k if digest else 1
+            # Hashed from the tier (the source), as _scatter hashes it.
+            scatter = partial(
+                _copy_native,
+                held.views,
+                dst_ids,
+                buffers,
+                _int64(slots),
+                k if digest else 0,
+                True,
             )
         else:
             unit = k if digest else 1
@@ -576,6 +615,39 @@ def _gather(
                 ids = src_ids[p + pos : p + pos + n]
                 np.take(view, ids, axis=0, out=buf[slot : slot + n], mode="clip")
     return digests
+
+
+def _copy_native(
+    dsts: Sequence[np.ndarray],
+    dst_rows: np.ndarray,
+    srcs: Sequence[np.ndarray],
+    src_rows: np.ndarray,
+    k: int,
+    stream: bool,
+    lo: int,
+    hi: int,
+) -> list[bytes]:
+    """Positions ``lo..hi`` of a chunk through the native kernel, each array in one call:
+    ``dsts[a][dst_rows[i]] = srcs[a][src_rows[i]]``. ``k`` > 0: hashed as it is copied,
+    in pieces of ``k`` rows (``lo`` on a piece boundary), from the source; returns the
+    piece digests in the order :func:`_gather` and :func:`_scatter` do (piece by piece,
+    array by array within a piece), the same bytes as theirs."""
+    rows_out, rows_in = dst_rows[lo:hi], src_rows[lo:hi]
+    if not k:
+        for dst, src in zip(dsts, srcs, strict=True):
+            native.copy_rows(dst, rows_out, src, rows_in, stream=stream)
+        return []
+    out = np.empty((-(-(hi - lo) // k), len(srcs)), dtype=np.uint64)
+    for a, (dst, src) in enumerate(zip(dsts, srcs, strict=True)):
+        native.copy_rows(
+            dst, rows_out, src, rows_in, piece_rows=k, digests=out[:, a], stream=stream
+        )
+    blob = out.astype(">u8").tobytes()  # xxhash's digest(): the value, big-endian
+    return [blob[i : i + 8] for i in range(0, len(blob), 8)]
+
+
+def _int64(rows: Sequence[int]) -> np.ndarray:
+    return np.asarray(rows, dtype=np.int64)
 
 
 def _gather_spans(

@@ -51,7 +51,8 @@ def test_each_tier_prints_a_row_per_size_and_round_trips_bit_exact(
     # Disk adds the plain file write and read, and the ratios to them.
     per_row = 9 if tier == "disk" else 5
     for size in ("1 MiB", "2 MiB"):
-        table_row, checksum_row, alone_row, paths_row, restore_row = _rows(text, size)
+        rows = _rows(text, size)
+        table_row, checksum_row, alone_row, paths_row, restore_row, *copier_rows = rows
         assert len(re.findall(SPREAD, table_row)) == per_row, table_row
         assert "yes" in table_row  # bit-exact, checked before and after the repeats
         # Checksum on: pause and restore GB/s and ratios, xxh3 alone, then what the checksum
@@ -64,8 +65,13 @@ def test_each_tier_prints_a_row_per_size_and_round_trips_bit_exact(
         assert len(re.findall(SPREAD, paths_row)) == 4, paths_row
         # The restore alone, in place and through XLA, checksum off and on.
         assert len(re.findall(SPREAD, restore_row)) == 4, restore_row
+        # The copy alone through the native kernel, then numpy: off and on, both ways.
+        assert [row.split("│")[2].strip() for row in copier_rows] == ["kernel", "numpy"]
+        assert all(len(re.findall(SPREAD, row)) == 4 for row in copier_rows), copier_rows
     assert "what the checksum costs" in text and "the copy alone" in text
     assert "in place vs XLA" in text and "restores here went in place." in text
+    assert "native kernel vs numpy" in text
+    assert re.search(r"the native kernel \((avx2|portable) path\) copies and hashes", text)
     assert "no size to judge" in text  # both sizes are below the 256 MiB target threshold
     if tier == "disk":
         assert "page cache" in text and "write GB/s" in text and "pause/write" in text
@@ -228,7 +234,7 @@ def test_copy_threads_add_ratios_to_a_threaded_memcpy(consoles: Consoles) -> Non
     text = consoles.text
     assert code == 0, text
     assert "copyto x2 GB/s" in text and "pause/x2" in text and "dma.copy_threads = 2" in text
-    table_row, checksum_row, alone_row, paths_row, restore_row = _rows(text, "2 MiB")
+    table_row, checksum_row, alone_row, paths_row, restore_row, *_ = _rows(text, "2 MiB")
     assert len(re.findall(SPREAD, table_row)) == 5 + 3, table_row
     assert len(re.findall(SPREAD, checksum_row)) == 5 + 2, checksum_row
     assert len(re.findall(SPREAD, alone_row)) == 4 + 4, alone_row
@@ -247,11 +253,29 @@ def test_hash_thread_names_the_path_and_times_both(consoles: Consoles, hash_thre
     )
     text = consoles.text
     assert code == 0, text
-    assert f"dma.hash_thread = {str(hash_thread).lower()}" in text
+    assert f"dma.hash_thread = {str(hash_thread).lower()}, dma.native_copy = true" in text
     path = "hash thread" if hash_thread else "fused"
     assert f"pause+xxh3 ({path})" in text and "fused vs hash thread" in text
     paths_row = _rows(text, "8 MiB")[3]
     assert len(re.findall(SPREAD, paths_row)) == 4, paths_row
+
+
+def test_without_the_native_copy_numpy_copies_and_the_kernel_is_timed_beside_it(
+    consoles: Consoles,
+) -> None:
+    code = bench.run_transfer_bench(
+        [2 * MiB],
+        repeats=1,
+        console=consoles.out,
+        progress_console=consoles.progress,
+        native_copy=False,
+    )
+    text = consoles.text
+    assert code == 0, text
+    assert "dma.hash_thread = false, dma.native_copy = false: numpy copies" in text
+    *_, kernel_row, numpy_row = _rows(text, "2 MiB")
+    assert "kernel" in kernel_row and "numpy" in numpy_row
+    assert all(len(re.findall(SPREAD, row)) == 4 for row in (kernel_row, numpy_row))
 
 
 def test_hash_thread_with_tpu_sync_exits_2(consoles: Consoles) -> None:

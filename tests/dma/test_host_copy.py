@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +15,7 @@ import xxhash
 
 from agentpark import integrity
 from agentpark.blocks import ArraySpec, PoolGeometry, contiguous_runs
-from agentpark.dma import HostCopyTransfer, host_copy
+from agentpark.dma import HostCopyTransfer, host_copy, native
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.tiers.dram import DramTier
 
@@ -118,16 +120,18 @@ def test_warmup_compiles_without_writing(engine: ReferenceEngine) -> None:
 # ---- checksums fused into the copy, and copy_threads --------------------------------------
 
 
+# Rows of 384 and 512 bytes (the native kernel takes them), or of 384 and 240 (a row not
+# in whole 64-byte stripes: numpy only).
+_KERNEL_ROWS = (ArraySpec((4, 6, 8), "uint16"), ArraySpec((4, 4, 8), "float32"))
+_ODD_ROWS = (ArraySpec((4, 6, 8), "uint16"), ArraySpec((4, 3, 5), "float32"))
+
+
 class TwoArrayPool:
     """The EngineAdapter surface host_copy uses, over two pool arrays of different shapes
     and dtypes (so the checksum's piece-then-array order is exercised)."""
 
-    def __init__(self, num_blocks: int = 24) -> None:
-        self.geometry = PoolGeometry(
-            num_blocks,
-            4,
-            (ArraySpec((4, 6, 8), "uint16"), ArraySpec((4, 3, 5), "float32")),
-        )
+    def __init__(self, num_blocks: int = 24, arrays: tuple[ArraySpec, ...] = _KERNEL_ROWS) -> None:
+        self.geometry = PoolGeometry(num_blocks, 4, arrays)
         self.lock = threading.RLock()
         rng = np.random.default_rng(3)
         self.original = [
@@ -166,6 +170,41 @@ def three_block_pieces(monkeypatch: pytest.MonkeyPatch) -> Callable[[PoolGeometr
     return use
 
 
+@dataclass
+class CopyPath:
+    """Which copy loop a test runs (``native_copy`` and the pool's rows), and a check that
+    it ran: the native kernel's calls are counted."""
+
+    engine: TwoArrayPool
+    native_copy: bool
+    kernel: bool  # whether the kernel must run
+    calls: list[int] = field(default_factory=list)
+
+    def check(self) -> None:
+        assert bool(self.calls) == self.kernel, f"kernel calls: {len(self.calls)}"
+
+
+_PATHS = {
+    "kernel": (_KERNEL_ROWS, True),
+    "numpy": (_KERNEL_ROWS, False),
+    "odd rows": (_ODD_ROWS, True),
+}
+
+
+@pytest.fixture(params=list(_PATHS))
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> CopyPath:
+    arrays, native_copy = _PATHS[request.param]
+    chosen = CopyPath(TwoArrayPool(arrays=arrays), native_copy, request.param == "kernel")
+    copy_rows = native.copy_rows
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        chosen.calls.append(1)
+        copy_rows(*args, **kwargs)
+
+    monkeypatch.setattr(native, "copy_rows", counted)
+    return chosen
+
+
 # Slots in an order with gaps and reversals; the session has 20 blocks, so the last piece
 # is short (20 = 6 x 3 + 2).
 _SLOTS = [*range(10, 17), 2, 3, 30, 29, 28, *range(18, 26)]
@@ -174,20 +213,26 @@ _SLOTS = [*range(10, 17), 2, 3, 30, 29, 28, *range(18, 26)]
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("chunk_blocks", [1, 4, 7, 64])
 def test_fused_pause_checksum_equals_an_independent_one_and_the_copy_is_exact(
-    three_block_pieces: Callable[[PoolGeometry], int], threads: int, chunk_blocks: int
+    three_block_pieces: Callable[[PoolGeometry], int],
+    path: CopyPath,
+    threads: int,
+    chunk_blocks: int,
 ) -> None:
-    engine = TwoArrayPool()
+    engine = path.engine
     k = three_block_pieces(engine.geometry)
     blocks = [5, 6, 7, 8, 0, 1, 23, 22, 9, 10, 11, 12, 13, 2, 3, 4, 14, 15, 16, 17]
     tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
     # A chunk that is no whole number of blocks (and rounds down to whole pieces).
-    dma = HostCopyTransfer(chunk_bytes=chunk_blocks * engine.geometry.block_nbytes + 5)
+    dma = HostCopyTransfer(
+        chunk_bytes=chunk_blocks * engine.geometry.block_nbytes + 5, native_copy=path.native_copy
+    )
     dma.copy_threads = threads
     digest = dma.d2h(engine, blocks, tier, _SLOTS, digest=True)  # type: ignore[arg-type]
     for buf, original in zip(tier.buffers(), engine.original, strict=True):
         np.testing.assert_array_equal(buf[_SLOTS], original[blocks])
     assert digest == _independent_checksum(tier, _SLOTS, k)
     assert digest == integrity.checksum(tier, _SLOTS)
+    path.check()
 
 
 def test_the_checksum_does_not_depend_on_slots_threads_or_chunks(
@@ -197,11 +242,20 @@ def test_the_checksum_does_not_depend_on_slots_threads_or_chunks(
     three_block_pieces(engine.geometry)
     blocks = list(range(3, 20))
     seen = set()
-    for threads, chunk_blocks, first in [(1, 64, 0), (2, 3, 5), (4, 6, 11)]:
+    runs = [
+        (1, 64, 0, True),
+        (2, 3, 5, True),
+        (4, 6, 11, True),
+        (1, 64, 0, False),
+        (2, 3, 7, False),
+    ]
+    for threads, chunk_blocks, first, native_copy in runs:  # the kernel's and numpy's
         tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
         tier.allocate("other", first)
         slots = tier.allocate("s", len(blocks))
-        dma = HostCopyTransfer(chunk_blocks * engine.geometry.block_nbytes, threads)
+        dma = HostCopyTransfer(
+            chunk_blocks * engine.geometry.block_nbytes, threads, native_copy=native_copy
+        )
         seen.add(dma.d2h(engine, blocks, tier, slots, digest=True))  # type: ignore[arg-type]
     assert len(seen) == 1
 
@@ -209,13 +263,18 @@ def test_the_checksum_does_not_depend_on_slots_threads_or_chunks(
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("chunk_blocks", [2, 7, 64])
 def test_fused_restore_is_bit_exact_and_returns_the_pause_checksum(
-    three_block_pieces: Callable[[PoolGeometry], int], threads: int, chunk_blocks: int
+    three_block_pieces: Callable[[PoolGeometry], int],
+    path: CopyPath,
+    threads: int,
+    chunk_blocks: int,
 ) -> None:
-    engine = TwoArrayPool()
+    engine = path.engine
     three_block_pieces(engine.geometry)
     blocks = [5, 6, 7, 8, 0, 1, 23, 22, 9, 10, 11, 12, 13, 2, 3, 4, 14, 15, 16, 17]
     tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
-    dma = HostCopyTransfer(chunk_blocks * engine.geometry.block_nbytes + 1, threads)
+    dma = HostCopyTransfer(
+        chunk_blocks * engine.geometry.block_nbytes + 1, threads, native_copy=path.native_copy
+    )
     parked = dma.d2h(engine, blocks, tier, _SLOTS, digest=True)  # type: ignore[arg-type]
     # Into other blocks: a long consecutive run (slice writes) and scattered ones.
     targets = [(b + 3) % 24 for b in blocks]
@@ -226,22 +285,24 @@ def test_fused_restore_is_bit_exact_and_returns_the_pause_checksum(
         pool = np.asarray(array)
         np.testing.assert_array_equal(pool[targets], original[blocks])
         np.testing.assert_array_equal(pool[untouched], original[untouched])
+    path.check()
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_flipped_byte_in_the_tier_changes_the_restore_checksum(
-    three_block_pieces: Callable[[PoolGeometry], int], threads: int
+    three_block_pieces: Callable[[PoolGeometry], int], path: CopyPath, threads: int
 ) -> None:
-    engine = TwoArrayPool()
+    engine = path.engine
     three_block_pieces(engine.geometry)
     blocks = list(range(20))
     tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
-    dma = HostCopyTransfer(copy_threads=threads)
+    dma = HostCopyTransfer(copy_threads=threads, native_copy=path.native_copy)
     parked = dma.d2h(engine, blocks, tier, _SLOTS, digest=True)  # type: ignore[arg-type]
     tier.buffers()[1][_SLOTS[-1]].view(np.uint8).flat[7] ^= 0x10  # last, short piece
     assert integrity.checksum(tier, _SLOTS) != parked
     restored = dma.h2d(tier, _SLOTS, engine, blocks, digest=True)  # type: ignore[arg-type]
     assert restored is not None and restored != parked
+    path.check()
 
 
 def test_without_digest_nothing_is_returned_and_threads_copy_exactly(
@@ -279,8 +340,9 @@ def test_old_checksums_are_still_verified(engine: ReferenceEngine) -> None:
     assert not integrity.matches(tier, slots, legacy)
 
 
+@pytest.mark.parametrize("copier", ["_gather", "_copy_native"])  # numpy's loop, the kernel's
 def test_a_failing_part_waits_for_the_other_threads_before_raising(
-    engine: ReferenceEngine, monkeypatch: pytest.MonkeyPatch
+    engine: ReferenceEngine, monkeypatch: pytest.MonkeyPatch, copier: str
 ) -> None:
     """The copy must not return (letting the caller free the slots) while a worker writes."""
     finished: list[int] = []
@@ -298,8 +360,9 @@ def test_a_failing_part_waits_for_the_other_threads_before_raising(
         raised.set()
         raise OSError("injected")  # this thread's part
 
-    monkeypatch.setattr(host_copy, "_gather", gather)
+    monkeypatch.setattr(host_copy, copier, gather)
     tier = DramTier(engine.geometry, 8 * engine.geometry.block_nbytes)
+    dma = HostCopyTransfer(copy_threads=2, native_copy=copier == "_copy_native")
     with pytest.raises(OSError, match="injected"):
-        HostCopyTransfer(copy_threads=2).d2h(engine, [0, 1, 2, 3], tier, [0, 1, 2, 3])
+        dma.d2h(engine, [0, 1, 2, 3], tier, [0, 1, 2, 3])
     assert finished == [0]

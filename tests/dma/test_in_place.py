@@ -251,24 +251,31 @@ def test_what_else_holds_the_pool_buffer_keeps_its_bytes(
     assert "XLA copied the whole pool" in caplog.text
 
 
+# The in-place restore's two copy loops: numpy's, and the native kernel's.
+_COPIERS = ["_scatter", "_copy_native"]
+
+
+@pytest.mark.parametrize("copier", _COPIERS)
 def test_a_pool_replaced_during_the_write_fails_the_restore(
-    engine: ReferenceEngine, monkeypatch: pytest.MonkeyPatch
+    engine: ReferenceEngine, monkeypatch: pytest.MonkeyPatch, copier: str
 ) -> None:
     """An engine that swaps its pool without its lock: the check after the copy refuses."""
     tier, slots, _rows = _parked(engine)
-    scatter = host_copy._scatter
+    copy = getattr(host_copy, copier)
 
-    def swap_then_scatter(*args: object) -> list[bytes]:
+    def swap_then_copy(*args: object) -> list[bytes]:
         engine.set_kv_pool([jnp.zeros_like(engine.kv_pool()[0])])
-        return scatter(*args)  # type: ignore[arg-type]
+        return copy(*args)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(host_copy, "_scatter", swap_then_scatter)
+    monkeypatch.setattr(host_copy, copier, swap_then_copy)
+    dma = HostCopyTransfer(native_copy=copier == "_copy_native")
     with pytest.raises(TransferError, match="replaced while the restore wrote"):
-        HostCopyTransfer().h2d(tier, slots, engine, list(range(8)))
+        dma.h2d(tier, slots, engine, list(range(8)))
 
 
+@pytest.mark.parametrize("copier", _COPIERS)
 def test_a_failing_in_place_part_waits_for_the_other_thread(
-    engine: ReferenceEngine, monkeypatch: pytest.MonkeyPatch
+    engine: ReferenceEngine, monkeypatch: pytest.MonkeyPatch, copier: str
 ) -> None:
     """The restore must not return (and let go of the lock) while a worker still writes."""
     tier, slots, _rows = _parked(engine)
@@ -284,9 +291,10 @@ def test_a_failing_in_place_part_waits_for_the_other_thread(
         raised.set()
         raise OSError("injected")
 
-    monkeypatch.setattr(host_copy, "_scatter", scatter)
+    monkeypatch.setattr(host_copy, copier, scatter)
+    dma = HostCopyTransfer(copy_threads=2, native_copy=copier == "_copy_native")
     with pytest.raises(TransferError, match="injected"):
-        HostCopyTransfer(copy_threads=2).h2d(tier, slots, engine, list(range(8)))
+        dma.h2d(tier, slots, engine, list(range(8)))
     assert finished == [0]
 
 
