@@ -36,19 +36,20 @@ bytes in flight at any moment are bounded by one chunk.
 
 Checksum (``digest=True``, see agentpark.integrity): the kernel folds each stripe into its
 piece's xxh3 as it copies it (from the pool on a pause, from the tier on a restore). The
-numpy loop hashes a 1 MiB piece just before copying it, so the copy reads it from L2. The XLA restore hashes an 8 MiB span of the tier, then writes it
-into the pool (from L3), or, with ``copy_threads`` > 1, hashes it on the workers while this
-thread writes it. One thread cannot hide the hash: it costs its compute time from cache
-(xxh3 ~4x memcpy speed there); see the README's Benchmarks for what each path measures.
+numpy loop hashes a 1 MiB piece just before copying it, so the copy reads it from L2. The
+XLA restore hashes an 8 MiB span of the tier, then writes it into the pool (from L3), or,
+with ``copy_threads`` > 1, hashes it on the workers while this thread writes it. Without
+the kernel one thread cannot hide the hash: it costs its compute time from cache (xxh3 ~4x
+memcpy speed there); see the README's Benchmarks for what each path measures.
 
 ``copy_threads`` > 1: a pause's or in-place restore's chunk is split over that many threads
 (this one and a small pool), in whole pieces when hashing; numpy's copies and xxhash
 release the GIL.
 
 ``hash_thread`` (``dma.hash_thread``): numpy copies, and a copy of more than one 4 MiB span
-hashes on one more thread instead (agentpark.dma.hash_thread): the pause posts each span it has copied, the
-restore each span it is about to write, and the copier hashes a span itself whenever that
-thread is two spans behind. Same checksum; it pays only where a core is idle (README).
+hashes on one more thread instead (agentpark.dma.hash_thread): the pause posts each span it
+has copied, the restore each span it is about to write, and the copier hashes a span itself
+whenever that thread is two spans behind. Same checksum; it pays only where a core is idle (README).
 """
 
 from __future__ import annotations
