@@ -102,6 +102,9 @@ class LineProgress:
     def advance(self, task: TaskID, advance: float = 1) -> None:
         self.update(task, advance=advance)
 
+    def refresh(self) -> None:
+        """Nothing to draw: lines are printed as the phases move on."""
+
     def update(self, task: TaskID, *, advance: float = 0, description: str | None = None) -> None:
         entry = self._tasks[task]
         entry[2] += advance
@@ -122,9 +125,10 @@ class LineProgress:
         )
 
 
-def progress_bar(console: Console) -> Progress | LineProgress:
+def progress_bar(console: Console, auto_refresh: bool = True) -> Progress | LineProgress:
     """The benches' progress (on ``console``: stderr by default): a transient bar on a
-    terminal, progress lines elsewhere."""
+    terminal, progress lines elsewhere. ``auto_refresh=False``: the bar is drawn only on
+    ``refresh()``, never by rich's own thread in the middle of a timed request."""
     if not console.is_terminal:
         return LineProgress(console)
     return Progress(
@@ -132,6 +136,7 @@ def progress_bar(console: Console) -> Progress | LineProgress:
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(),
+        auto_refresh=auto_refresh,
         console=console,
         transient=True,
     )

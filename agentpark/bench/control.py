@@ -20,11 +20,13 @@ resident memory is read from /proc after the sessions are made.
 
 from __future__ import annotations
 
+import gc
+import http.client
+import json
 import os
 import random
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,11 +36,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 import httpx
 from rich.console import Console
 from rich.table import Table
 
+from agentpark import client_calls as calls
 from agentpark.api.timing import SERVER_TIMING, app_ms
 from agentpark.bench.common import progress_bar, stdout_console
 from agentpark.client import AgentparkAPIError, AgentparkClient
@@ -158,48 +163,147 @@ def run_control_bench(sessions: int, samples: int = 500, seed: int = 0) -> int:
     return 0
 
 
+class WireClient:
+    """One keep-alive HTTP/1.1 connection through the standard library's ``http.client``
+    and nothing more: the bench's timing client, so what it times is the daemon, its HTTP
+    server and the loopback round trip, not a client library's own work. The routes come
+    from agentpark.client_calls (the same paths, queries and bodies agentpark.client sends)."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.conn = http.client.HTTPConnection(
+            parts.hostname or "127.0.0.1", parts.port, timeout=60
+        )
+
+    def send(self, call: calls._Call[Any]) -> tuple[Any, float | None]:
+        """The answer's JSON and its Server-Timing ``app`` ms; RuntimeError for a non-2xx."""
+        path = call.path + (f"?{urlencode(call.params)}" if call.params else "")
+        body = None if call.json is None else json.dumps(call.json).encode()
+        headers = {} if body is None else {"Content-Type": "application/json"}
+        self.conn.request(call.method, path, body=body, headers=headers)
+        response = self.conn.getresponse()
+        data = response.read()
+        if not 200 <= response.status < 300:
+            raise RuntimeError(f"{call.method} {call.path}: {response.status} {data[:200]!r}")
+        return (json.loads(data) if data else None), app_ms(response.getheader(SERVER_TIMING))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def _measure(daemon: _Daemon, sessions: int, samples: int, rng: random.Random) -> ControlResult:
     result = ControlResult(sessions, samples)
     ids = [f"s{i:06d}" for i in range(sessions)]
     one_block = rng.sample(ids, samples)
-    bar = progress_bar(Console(stderr=True))
-    answered: list[float | None] = [None]  # the last answer's Server-Timing, in ms
+    pages = max(1, sessions // 100)
+    bar = progress_bar(Console(stderr=True), auto_refresh=False)  # drawn between requests
+    answered: list[float | None] = [None]  # agentpark.client's last Server-Timing, in ms
 
     def note_timing(response: httpx.Response) -> None:
         answered[0] = app_ms(response.headers.get(SERVER_TIMING))
 
-    with AgentparkClient(daemon.url, timeout=60.0, on_response=note_timing) as client, bar:
+    wire = WireClient(daemon.url)
+    client = AgentparkClient(daemon.url, timeout=60.0, on_response=note_timing)
+    with client, bar:
 
-        def phase(name: str, n: int, step: Callable[[int], object], op: str | None) -> None:
+        def phase(name: str, n: int, step: Callable[[int], float | None], op: str | None) -> None:
+            """``step(i)`` n times, each timed (``op``: its name in the result), the bar
+            drawn between them; ``step`` returns the daemon's ms, if it said."""
             task = bar.add_task(name, total=n)
+            every = max(1, n // 100)
+            gc.collect()  # the bench's own garbage, collected outside the timed requests
             for i in range(n):
-                answered[0] = None
                 started = time.perf_counter()
-                step(i)
+                own = step(i)
+                elapsed = time.perf_counter() - started
                 if op is not None:
-                    result.add(op, time.perf_counter() - started, answered[0])
+                    result.add(op, elapsed, own)
                 bar.advance(task)
+                if i % every == 0:
+                    bar.refresh()
 
-        phase("create", sessions, lambda i: client.create_session(ids[i]), "create")
+        def by_wire(call: Callable[[int], calls._Call[Any]], check: Check = None) -> Step:
+            def step(i: int) -> float | None:
+                answer, own = wire.send(call(i))
+                if check is not None:
+                    check(answer)
+                return own
+
+            return step
+
+        def by_client(call: Callable[[int], object]) -> Step:
+            def step(i: int) -> float | None:
+                answered[0] = None
+                call(i)
+                return answered[0]
+
+            return step
+
+        phase("create", sessions, by_wire(lambda i: calls._create_session(ids[i])), "create")
         result.rss_bytes = daemon.rss_bytes()
         phase(
             "one block each",
             samples,
-            lambda i: client.generate(one_block[i], prompt_tokens=[1, 2, 3], max_new_tokens=1),
+            by_client(
+                lambda i: client.generate(one_block[i], prompt_tokens=[1, 2, 3], max_new_tokens=1)
+            ),
             None,
         )
-        phase("get", samples, lambda _i: client.get_session(rng.choice(ids)), "get")
-        pages = max(1, sessions // 100)
+        reads: dict[str, tuple[Callable[[int], calls._Call[Any]], Callable[[int], object]]] = {
+            "get": (
+                lambda _i: calls._get_session(rng.choice(ids)),
+                lambda _i: client.get_session(rng.choice(ids)),
+            ),
+            "list": (
+                lambda _i: calls._list_sessions(limit=100, cursor=str(rng.randrange(pages) * 100)),
+                lambda _i: client.list_sessions(limit=100, cursor=str(rng.randrange(pages) * 100)),
+            ),
+            "host": (lambda _i: calls._host(), lambda _i: client.host()),
+        }
+        for op, (wire_call, client_call) in reads.items():
+            phase(op, samples, by_wire(wire_call), op)
+            phase(f"{op} (agentpark.client)", samples, by_client(client_call), f"{op} client")
+        pause = by_wire(lambda i: calls._pause(one_block[i], tier="dram", force=True), _parked)
+        phase("pause", samples, pause, "pause")
         phase(
-            "list",
-            samples,
-            lambda _i: client.list_sessions(limit=100, cursor=str(rng.randrange(pages) * 100)),
-            "list",
+            "resume", samples, by_wire(lambda i: calls._resume(one_block[i]), _restored), "resume"
         )
-        phase("host", samples, lambda _i: client.host(), "host")
-        phase("pause", samples, lambda i: _park(client, one_block[i]), "pause")
-        phase("resume", samples, lambda i: _restore(client, one_block[i]), "resume")
+        phase(
+            "pause (agentpark.client)",
+            samples,
+            by_client(lambda i: _park(client, one_block[i])),
+            "pause client",
+        )
+        phase(
+            "resume (agentpark.client)",
+            samples,
+            by_client(lambda i: _restore(client, one_block[i])),
+            "resume client",
+        )
+        phase(
+            "create (agentpark.client)",
+            samples,
+            by_client(lambda i: client.create_session(f"c{i:06d}")),
+            "create client",
+        )
+    wire.close()
     return result
+
+
+Check = Callable[[Any], None] | None
+Step = Callable[[int], float | None]
+
+
+def _parked(answer: Any) -> None:
+    if answer["state"] != "parked" or answer["kv_bytes"] <= 0:
+        raise RuntimeError(f"a pause left {answer['session_id']} {answer['state']}")
+
+
+def _restored(answer: Any) -> None:
+    if answer["restored_from"] != "dram":
+        raise RuntimeError(
+            f"a resume of {answer['session_id']} came from {answer['restored_from']}"
+        )
 
 
 def _park(client: AgentparkClient, session_id: str) -> None:
@@ -220,12 +324,14 @@ def _print(result: ControlResult) -> None:
         title=f"agentpark bench control: {result.sessions} sessions, sequential HTTP "
         f"({result.samples} samples per operation)"
     )
-    columns = ("operation", "n", "p50 ms", "p99 ms", "max ms", "daemon p50", "daemon p99")
-    for column in (*columns, "target", "met"):
+    columns = ["operation", "n", "p50 ms", "p99 ms", "max ms", "client p50", "client p99"]
+    columns += ["daemon p50", "daemon p99", "target", "met"]
+    for column in columns:
         table.add_column(column, justify="left" if column == "operation" else "right")
     for op in ("create", "get", "list", "host", "pause", "resume"):
         values = result.times_ms[op]
         p50, p99 = result.quantile(op, 0.5) or 0.0, result.quantile(op, 0.99) or 0.0
+        lib = [result.quantile(f"{op} client", q) for q in (0.5, 0.99)]
         own = [result.quantile(op, q, daemon=True) for q in (0.5, 0.99)]
         target = TARGETS_MS.get(op)
         if target is None:
@@ -240,7 +346,7 @@ def _print(result: ControlResult) -> None:
             f"{p50:.2f}",
             f"{p99:.2f}",
             f"{max(values):.2f}",
-            *("-" if v is None else f"{v:.2f}" for v in own),
+            *("-" if v is None else f"{v:.2f}" for v in (*lib, *own)),
             goal,
             met,
         )
@@ -252,7 +358,13 @@ def _print(result: ControlResult) -> None:
         else "daemon RSS: unknown (no /proc)"
     )
     out.print(
-        "times: client-side, one request at a time over a keep-alive loopback connection "
-        f"(median of create {statistics.median(result.times_ms['create']):.2f} ms); daemon: "
-        "its Server-Timing for the same requests, the rest is the client and loopback"
+        "times (judged): one request at a time over one keep-alive loopback connection, "
+        "with a minimal HTTP/1.1 client (the standard library's http.client: the daemon, "
+        "its HTTP server and loopback, little else); client: the same operations through "
+        "agentpark.client (httpx and the answer's pydantic model) in the same run, on other "
+        "samples (create: "
+        f"{len(result.times_ms.get('create client', []))} more sessions); daemon: its "
+        "Server-Timing for the timed requests, from the request reaching the app to the "
+        "answer starting",
+        soft_wrap=True,
     )
