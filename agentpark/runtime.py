@@ -12,7 +12,13 @@ from typing import Any
 from agentpark.blocks import PoolGeometry
 from agentpark.config import PolicySettings, Settings, load_settings
 from agentpark.control.vllm import VllmService
-from agentpark.dma import TpuSyncShm, TpuSyncTransfer, Transfer, select_transfer
+from agentpark.dma import (
+    HostCopyTransfer,
+    TpuSyncShm,
+    TpuSyncTransfer,
+    Transfer,
+    select_transfer,
+)
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.enums import Tier
 from agentpark.errors import ConfigError, InvalidRequestError
@@ -133,7 +139,9 @@ class Runtime:
             engine.geometry.block_nbytes,
             engine.geometry.block_size,
             ", ".join(f"{t.name}={t.capacity_blocks} blocks" for t in tiers) or "none",
-            transfer.name,
+            f"{transfer.name} ({transfer.copy_loop})"
+            if isinstance(transfer, HostCopyTransfer)
+            else transfer.name,
         )
         runtime = cls._assemble(
             settings, config_path, store, db_engine, db_sessions, driver.core, None

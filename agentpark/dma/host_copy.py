@@ -211,6 +211,15 @@ class HostCopyTransfer:
             return None
         return self.hasher.try_start(buffers, slots, piece_blocks(geometry))
 
+    @property
+    def copy_loop(self) -> str:
+        """Which copy loop pauses and in-place restores run (for the start-up log)."""
+        if self.hash_thread:
+            return "numpy + hash thread"
+        if self.native_copy:
+            return f"native kernel, {native.available()}"
+        return "numpy"
+
     def _native(self, dsts: Sequence[np.ndarray], srcs: Sequence[np.ndarray]) -> bool:
         """Whether this copy goes through the native kernel (``dma.native_copy``)."""
         pairs = zip(dsts, srcs, strict=True)

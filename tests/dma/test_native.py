@@ -152,3 +152,11 @@ def test_arrays_and_digests_it_does_not_take_are_refused() -> None:
             native.copy_rows(ok.copy(), rows, ok, rows, piece_rows=2, digests=digests)
     with pytest.raises(ValueError, match="piece_rows must be at least 1"):
         native.copy_rows(ok.copy(), rows, ok, rows, digests=np.zeros(1, np.uint64))
+
+
+def test_host_copy_names_its_copy_loop() -> None:
+    from agentpark.dma import HostCopyTransfer
+
+    assert HostCopyTransfer().copy_loop == f"native kernel, {native.available()}"
+    assert HostCopyTransfer(native_copy=False).copy_loop == "numpy"
+    assert HostCopyTransfer(hash_thread=True).copy_loop == "numpy + hash thread"
