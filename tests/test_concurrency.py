@@ -74,6 +74,44 @@ def test_health_and_other_sessions_answer_while_a_pause_is_in_flight(
     assert events[0]["kind"] == "pause" and events[0]["bytes"] > 0
 
 
+def test_a_pause_that_finds_the_engine_busy_waits_on_a_worker_not_on_the_event_loop(
+    daemon: Daemon,
+) -> None:
+    """A small pause runs on the event loop only when nothing makes it wait (agentpark.
+    parking.pausing.Pausing.pause_now): with the engine held by a step in another thread,
+    it goes to a worker, and the loop keeps answering while that worker waits."""
+    c = daemon.client
+    c.post("/v1/sessions", json={"session_id": "s"})
+    c.post("/v1/sessions/s/generate", json=FIRST)
+    held, done = threading.Event(), threading.Event()
+
+    def decode_step() -> None:  # holds the engine as a decode step does
+        with daemon.runtime.engine.lock:
+            held.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=decode_step, daemon=True)
+    holder.start()
+    assert held.wait(10)
+    answers: list[httpx.Response] = []
+    pause = threading.Thread(
+        target=lambda: answers.append(c.post("/v1/sessions/s/pause", json={"force": True}))
+    )
+    try:
+        pause.start()
+        wait_until(lambda: _state(daemon, "s") == "pausing")  # reserved; its copy waits
+        assert c.get("/healthz").status_code == 200  # the event loop is not the one waiting
+        assert _state(daemon, "s") == "pausing" and not answers
+    finally:
+        done.set()
+        holder.join(10)
+        pause.join(30)
+    (answer,) = answers
+    assert answer.status_code == 200 and answer.json()["state"] == "parked"
+    resumed = c.post("/v1/sessions/s/resume")
+    assert resumed.status_code == 200 and resumed.json()["restored_from"] == "dram"
+
+
 def test_two_sessions_pausing_at_once_both_finish_and_resume_bit_exact(
     daemon: Daemon, gate: Gate
 ) -> None:

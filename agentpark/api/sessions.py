@@ -38,7 +38,7 @@ from agentpark.errors import (
     TransferError,
     error_responses,
 )
-from agentpark.parking import PauseOrder
+from agentpark.parking import PauseOrder, PauseResult, ResumeResult
 
 __all__ = ["router"]
 
@@ -207,7 +207,7 @@ WaitQuery = Annotated[
         ),
     },
 )
-def pause_session(
+async def pause_session(
     caller: ReadySessionsCaller,
     session_id: str,
     response: Response,
@@ -217,9 +217,22 @@ def pause_session(
     """The agent called a tool: park its KV, unless the pause is too short to be worth it."""
     body = body or PauseRequest()
     order = PauseOrder(body.tier.value, body.tool, body.expected_resume_s, body.force)
-    result = caller.parking.pause(caller.tenant, session_id, order, wait=wait)
-    if result.pause_ms is None:
+    parking, tenant = caller.parking, caller.tenant
+    # A small pause that nothing makes wait runs here (no thread hand-off); else a worker,
+    # which also reads the answer (a wait=false copy goes on and changes the row).
+    now = parking.pause_now(tenant, session_id, order) if wait else None
+    if now is not None:
+        answer = _paused(now, session_id)
+    else:
+        answer = await run_in_threadpool(
+            lambda: _paused(parking.pause(tenant, session_id, order, wait=wait), session_id)
+        )
+    if answer.pause_ms is None:
         response.status_code = status.HTTP_202_ACCEPTED
+    return answer
+
+
+def _paused(result: PauseResult, session_id: str) -> PauseResponse:
     row = result.row
     return PauseResponse(
         session_id=session_id,
@@ -240,16 +253,28 @@ def pause_session(
         **error_responses(*_ONE_SESSION, *_OPERATION, NotReadyError, PoolFullError, TransferError),
     },
 )
-def resume_session(
+async def resume_session(
     caller: ReadySessionsCaller,
     session_id: str,
     response: Response,
     wait: WaitQuery = True,
 ) -> ResumeResponse:
     """Bring the session's KV back into the pool: copied back, or recomputed if gone."""
-    result = caller.parking.resume(caller.tenant, session_id, wait=wait)
-    if result.resume_ms is None:
+    parking, tenant = caller.parking, caller.tenant
+    # As pause_session: here when nothing makes it wait, else a worker reads the answer.
+    now = parking.resume_now(tenant, session_id) if wait else None
+    if now is not None:
+        answer = _resumed(now, session_id)
+    else:
+        answer = await run_in_threadpool(
+            lambda: _resumed(parking.resume(tenant, session_id, wait=wait), session_id)
+        )
+    if answer.resume_ms is None:
         response.status_code = status.HTTP_202_ACCEPTED
+    return answer
+
+
+def _resumed(result: ResumeResult, session_id: str) -> ResumeResponse:
     return ResumeResponse(
         session_id=session_id,
         state=result.row.state,

@@ -48,6 +48,12 @@ BACKGROUND_REASONS = frozenset({Reason.IDLE, Reason.PRESSURE, Reason.PREFETCH, R
 _R = TypeVar("_R")
 
 
+INLINE_BYTES = 64 * 2**10
+"""The most KV a pause or resume moves on the event loop (``pause_now``/``resume_now``):
+its copy takes microseconds; anything larger, or a restore that must recompute, goes to a
+worker thread."""
+
+
 class CoreBase:
     """The core's state (registry, event log, mover) and the steps every transition shares."""
 

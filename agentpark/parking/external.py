@@ -40,7 +40,8 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -139,6 +140,13 @@ class ExternalDriver:
             "this session's KV lives in an external engine: it is restored into the "
             "engine's blocks on the session's next turn, not by resume"
         )
+
+    def claim_now(self, live: LiveSession, n: int) -> list[int] | None:
+        return None  # restored on the engine's next turn (see claim)
+
+    @contextmanager
+    def engine_lock_now(self) -> Iterator[bool]:
+        yield False  # the engine is another process: no fast path
 
     def release(self, live: LiveSession, blocks: Sequence[int]) -> None:
         """Nothing to do: the engine frees its own blocks once the call has returned."""

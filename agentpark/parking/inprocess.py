@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,6 +85,18 @@ class InProcessDriver:
     def claim(self, live: LiveSession, n: int) -> list[int]:
         """``n`` blocks for a restore of ``live``: admitted in turn, room made, or waited for."""
         return self._admit(live, n, None)
+
+    def claim_now(self, live: LiveSession, n: int) -> list[int] | None:
+        return self.admission.now(n, lambda k: self._allocate(live, k))
+
+    @contextmanager
+    def engine_lock_now(self) -> Iterator[bool]:
+        got = self.engine.lock.acquire(blocking=False)
+        try:
+            yield got
+        finally:
+            if got:
+                self.engine.lock.release()
 
     def _allocate(self, live: LiveSession, n: int) -> list[int]:
         try:

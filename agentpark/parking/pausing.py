@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from agentpark.enums import Decision, EventKind, Reason, State, TierChoice
+from agentpark.enums import Decision, EventKind, Reason, State, Tier, TierChoice
 from agentpark.errors import (
     InvalidRequestError,
     InvalidStateError,
     StorageUnavailableError,
     TransferError,
 )
-from agentpark.parking.base import BACKGROUND_REASONS, CoreBase
+from agentpark.parking.base import BACKGROUND_REASONS, INLINE_BYTES, CoreBase
 from agentpark.parking.registry import LiveSession
 from agentpark.parking.types import (
     MoveResult,
@@ -53,6 +53,66 @@ class Pausing(CoreBase):
         candidates = self.mover.candidates(order.tier)
         live = self.live(tenant, session_id)
         self.registry.acquire(live, "pause", background=order.reason in BACKGROUND_REASONS)
+        started = self._start_pause(live, order, candidates)
+        if isinstance(started, PauseResult):
+            return started
+        dst, slots, advice = started
+        row = live.row
+
+        def job() -> PauseResult:
+            ms = self.park_locked(live, dst, slots, order.tool, advice.expected_s, order.reason)
+            return PauseResult(row, Decision.PARKED, advice.why, advice.expected_s, ms)
+
+        return self._run(
+            live, job, wait, PauseResult(row, Decision.PARKED, advice.why, advice.expected_s, None)
+        )
+
+    def pause_now(
+        self,
+        tenant: str,
+        session_id: str,
+        order: PauseOrder = PauseOrder(),  # noqa: B008 (frozen, so one default is safe)
+    ) -> PauseResult | None:
+        """:meth:`pause` with ``wait``, run here only if nothing in it can wait: None, with
+        nothing changed, when it could (the caller then runs :meth:`pause` on a worker).
+
+        The event loop calls this so that a small pause costs no thread hand-off. It goes
+        on only for a user pause of at most ``INLINE_BYTES`` of KV, with the engine free
+        (no decode step or copy holds it: it is then held to the end, so the copy cannot
+        wait for it), the session free (no holder, nobody waiting), and a tier with room
+        that is not disk (whose landing fsyncs). Errors are the same as :meth:`pause`'s.
+        """
+        if order.reason != Reason.EXPLICIT:
+            return None
+        self.refuse_if_draining()
+        candidates = self.mover.candidates(order.tier)
+        live = self.live(tenant, session_id)
+        if len(live.block_table) * self.geometry.block_nbytes > INLINE_BYTES:
+            return None
+        with self.host.engine_lock_now() as engine_free:
+            if not engine_free or not self.registry.try_acquire(live, "pause"):
+                return None
+            started = self._start_pause(live, order, candidates)
+            if isinstance(started, PauseResult):
+                return started
+            dst, slots, advice = started
+            if dst.name == Tier.DISK:  # its landing fsyncs: not on the event loop
+                dst.free(live.key)
+                live.row.state = State.ACTIVE
+                self.registry.release(live)
+                return None
+            try:
+                ms = self.park_locked(live, dst, slots, order.tool, advice.expected_s, order.reason)
+            finally:
+                self.registry.release(live)
+            return PauseResult(live.row, Decision.PARKED, advice.why, advice.expected_s, ms)
+
+    def _start_pause(
+        self, live: LiveSession, order: PauseOrder, candidates: Sequence[HostTier]
+    ) -> PauseResult | tuple[HostTier, list[int], PauseAdvice]:
+        """The decision, taken with the session held: a finished result (already off the
+        pool, or kept; the session let go), or the tier slots reserved for the copy (the
+        session PAUSING, still held). On an error the session is let go."""
         try:
             row = live.row
             if row.state in (State.PARKED, State.LOST):
@@ -71,14 +131,7 @@ class Pausing(CoreBase):
             if live.operation is not None:
                 self.registry.release(live)
             raise
-
-        def job() -> PauseResult:
-            ms = self.park_locked(live, dst, slots, order.tool, advice.expected_s, order.reason)
-            return PauseResult(row, Decision.PARKED, advice.why, advice.expected_s, ms)
-
-        return self._run(
-            live, job, wait, PauseResult(row, Decision.PARKED, advice.why, advice.expected_s, None)
-        )
+        return dst, slots, advice
 
     def _advise(self, row: SessionRow, order: PauseOrder) -> PauseAdvice:
         if order.force:

@@ -243,6 +243,22 @@ class Registry:
                 f"session {live.row.session_id!r} is deleted", state=State.DELETED
             )
 
+    def try_acquire(self, live: LiveSession, name: str) -> bool:
+        """Take the session for a user operation only if nobody holds it or waits for it:
+        False at once otherwise (the event loop's fast path, which must never wait)."""
+        lk = live.lock
+        with lk.cond:
+            if lk.holder is not None or lk.waiting:
+                return False
+            lk.holder, lk.background, lk.detached = name, False, False
+            live.operation = name
+        if live.row.state == State.DELETED:
+            self.release(live)
+            raise InvalidStateError(
+                f"session {live.row.session_id!r} is deleted", state=State.DELETED
+            )
+        return True
+
     @staticmethod
     def _yields(live: LiveSession) -> bool:
         """Whether the holder gives way to a user operation (it is waited for, not 409)."""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 
-from agentpark.enums import EventKind, Reason, RestoredFrom, State
+from agentpark.enums import EventKind, Reason, RestoredFrom, State, Tier
 from agentpark.errors import (
     InvalidStateError,
     StorageUnavailableError,
 )
-from agentpark.parking.base import BACKGROUND_REASONS, CoreBase
+from agentpark.parking.base import BACKGROUND_REASONS, INLINE_BYTES, CoreBase
 from agentpark.parking.registry import LiveSession
 from agentpark.parking.types import (
     ResumeResult,
@@ -17,6 +17,14 @@ from agentpark.parking.types import (
 )
 
 __all__ = ["Restoring"]
+
+
+def _inline(live: LiveSession, nbytes: int) -> bool:
+    """Whether a resume may run on the event loop: parked in dram or shm, small enough."""
+    row = live.row
+    return (
+        row.state == State.PARKED and row.tier in (Tier.DRAM, Tier.SHM) and nbytes <= INLINE_BYTES
+    )
 
 
 class Restoring(CoreBase):
@@ -50,6 +58,39 @@ class Restoring(CoreBase):
             return self.restore_locked(live, blocks, reason)
 
         return self._run(live, job, wait, ResumeResult(row, source, None))
+
+    def resume_now(self, tenant: str, session_id: str) -> ResumeResult | None:
+        """:meth:`resume` with ``wait``, run here only if nothing in it can wait: None, with
+        nothing changed, when it could (the caller then runs :meth:`resume` on a worker).
+
+        Like :meth:`~agentpark.parking.pausing.Pausing.pause_now`: a user resume of a
+        parked copy of at most ``INLINE_BYTES`` in dram or shm (not disk, whose pages may
+        need reading; not a lost session, which recomputes), with the engine and the
+        session free and the blocks free now with nobody queued for blocks. A copy whose
+        checksum does not match is still recomputed here (rare, and a session this small
+        re-prefills in a few milliseconds).
+        """
+        self.refuse_if_draining()
+        live = self.live(tenant, session_id)
+        n = self.geometry.blocks_for(len(live.tokens))
+        if not _inline(live, n * self.geometry.block_nbytes):
+            return None
+        with self.host.engine_lock_now() as engine_free:
+            if not engine_free or not self.registry.try_acquire(live, "resume"):
+                return None
+            try:
+                # Again, now that the session is held: it may have moved meanwhile.
+                blocks = self.host.claim_now(live, n) if _inline(live, 0) else None
+            except BaseException:
+                self.registry.release(live)
+                raise
+            if blocks is None:
+                self.registry.release(live)
+                return None
+            try:
+                return self.restore_locked(live, blocks, Reason.EXPLICIT)
+            finally:
+                self.registry.release(live)
 
     def restore_locked(
         self, live: LiveSession, blocks: list[int], reason: str, keep_tokens: int | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,6 +45,15 @@ class KVHost(Protocol):
 
     def claim(self, live: LiveSession, n: int) -> list[int]:
         """``n`` pool blocks for a restore of ``live`` (PoolFullError when there are none)."""
+        ...
+
+    def claim_now(self, live: LiveSession, n: int) -> list[int] | None:
+        """``n`` pool blocks if they are free and nobody waits for blocks; else None."""
+        ...
+
+    def engine_lock_now(self) -> AbstractContextManager[bool]:
+        """Holds the engine (the lock its steps and the mover's copies take) if nobody
+        else does; yields whether it got it. The non-waiting fast paths start here."""
         ...
 
     def release(self, live: LiveSession, blocks: Sequence[int]) -> None:

@@ -101,10 +101,13 @@ def test_bench_control_times_every_operation_against_a_real_daemon(
     for row in ("create", "get", "list", "host", "pause", "resume"):
         (line,) = [line for line in out.splitlines() if line.startswith(f"│ {row} ")]
         cells = [cell.strip() for cell in line.strip("│").split("│")]
-        wire_p50, client_p50, daemon_p50, daemon_p99 = (float(cells[i]) for i in (2, 5, 7, 8))
-        # The daemon's own share (its Server-Timing) is part of what either client waited.
-        assert 0 < daemon_p50 < wire_p50 and daemon_p50 < client_p50, line
-        assert daemon_p99 >= daemon_p50, line
+        wire_p50, wire_p99 = float(cells[2]), float(cells[3])
+        client_p50, daemon_p50, daemon_p99 = (float(cells[i]) for i in (5, 7, 8))
+        # The daemon's own share (its Server-Timing) of each timed request is part of what
+        # the client waited for it, so each quantile is too (agentpark.client's own
+        # requests are other samples: only timed).
+        assert 0 < daemon_p50 < wire_p50 and daemon_p99 <= wire_p99, line
+        assert daemon_p99 >= daemon_p50 and client_p50 > 0, line
     assert "client p50" in out and "daemon p50" in out and "daemon p99" in out
     assert "40 sessions" in out and "daemon RSS after creating the sessions" in out
     assert "p99 < 5 ms" in out and "p50 < 2 ms" in out
