@@ -80,7 +80,9 @@ class Pausing(CoreBase):
         on only for a user pause of at most ``INLINE_BYTES`` of KV, with the engine free
         (no decode step or copy holds it: it is then held to the end, so the copy cannot
         wait for it), the session free (no holder, nobody waiting), and a tier with room
-        that is not disk (whose landing fsyncs). Errors are the same as :meth:`pause`'s.
+        that is not disk (whose landing fsyncs). The one wait left is SQLite's, behind
+        another writer's transaction (each a fraction of a millisecond; checkpoints are
+        passive). Errors are the same as :meth:`pause`'s.
         """
         if order.reason != Reason.EXPLICIT:
             return None
