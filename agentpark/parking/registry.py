@@ -237,11 +237,7 @@ class Registry:
                     )
             lk.holder, lk.background, lk.detached = name, background, False
             live.operation = name
-        if live.row.state == State.DELETED:
-            self.release(live)
-            raise InvalidStateError(
-                f"session {live.row.session_id!r} is deleted", state=State.DELETED
-            )
+        self._refuse_if_deleted(live)
 
     def try_acquire(self, live: LiveSession, name: str) -> bool:
         """Take the session for a user operation only if nobody holds it or waits for it:
@@ -252,12 +248,16 @@ class Registry:
                 return False
             lk.holder, lk.background, lk.detached = name, False, False
             live.operation = name
+        self._refuse_if_deleted(live)
+        return True
+
+    def _refuse_if_deleted(self, live: LiveSession) -> None:
+        """Just taken: a session deleted meanwhile is let go again, and refused."""
         if live.row.state == State.DELETED:
             self.release(live)
             raise InvalidStateError(
                 f"session {live.row.session_id!r} is deleted", state=State.DELETED
             )
-        return True
 
     @staticmethod
     def _yields(live: LiveSession) -> bool:
