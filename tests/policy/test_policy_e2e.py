@@ -148,6 +148,8 @@ def test_parked_sessions_are_demoted_by_age(
     _start(c, "s")
     assert c.post("/v1/sessions/s/pause").json()["tier"] == "dram"
     wait_until(lambda: c.get("/v1/sessions/s").json()["tier"] == "shm", timeout=30)
+    # The live tier may show before the move's event row is committed: wait for the row.
+    wait_until(lambda: _events(c, "s")[0]["kind"] == "move", timeout=30)
     move = _events(c, "s")[0]
     assert move["kind"] == "move" and move["reason"] == "demote"
     assert (move["from_tier"], move["to_tier"]) == ("dram", "shm")
