@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from agentpark.api.deps import AUTH_ERRORS, OPERATOR, RuntimeDep
+from agentpark.api.errors_wire import error_responses
 from agentpark.api.schemas_host import (
     HistoryResponse,
     HistorySample,
@@ -46,7 +47,7 @@ from agentpark.api.schemas_host import (
     TransferLatency,
 )
 from agentpark.enums import State
-from agentpark.errors import InvalidRequestError, error_responses
+from agentpark.errors import InvalidRequestError
 from agentpark.history import bandwidth
 from agentpark.runtime import Runtime, host_label
 from agentpark.snapshot import HostSnapshot

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, Query, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from agentpark.api.deps import AUTH_ERRORS, ReadySessionsCaller, SessionsCaller
+from agentpark.api.errors_wire import error_responses
 from agentpark.api.schemas import (
     GenerateRequest,
     GenerateResponse,
@@ -36,7 +37,6 @@ from agentpark.errors import (
     StorageUnavailableError,
     TierFullError,
     TransferError,
-    error_responses,
 )
 from agentpark.parking import PauseOrder, PauseResult, ResumeResult
 

@@ -11,13 +11,13 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Request, status
 
 from agentpark.api.deps import ADMIN, AUTH_ERRORS
+from agentpark.api.errors_wire import error_responses
 from agentpark.api.schemas_auth import TokenCreate, TokenCreated, TokenOut, TokenPage
 from agentpark.auth import Gate, TokenInfo, parse_scopes
 from agentpark.errors import (
     InvalidRequestError,
     PayloadTooLargeError,
     TokenNotFoundError,
-    error_responses,
 )
 
 __all__ = ["router"]

@@ -14,9 +14,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
+from agentpark.api.errors_wire import ErrorBody
 from agentpark.app import create_app
 from agentpark.config import Settings
-from agentpark.errors import ErrorBody
 from tests.conftest import Daemon
 
 SESSION = "/v1/sessions/{session_id}"
@@ -255,7 +255,7 @@ def test_real_error_answers_validate_as_the_documented_body(daemon: Daemon) -> N
         "agentpark/api/schemas.py",
         "agentpark/api/schemas_host.py",
         "agentpark/api/schemas_auth.py",
-        "agentpark/errors.py",
+        "agentpark/api/errors_wire.py",
     ],
 )
 def test_wire_models_do_not_depend_on_the_store_or_the_core(module: str) -> None:
