@@ -18,7 +18,7 @@ NO_JAX = [
     "agentpark.integrity",
     "agentpark.store.repository",
     "agentpark.policy.rules",
-    "agentpark.api.schemas",
+    "agentpark.schemas.sessions",
     "agentpark.auth",
 ]
 

@@ -11,18 +11,6 @@ from starlette.concurrency import run_in_threadpool
 
 from agentpark.api.deps import AUTH_ERRORS, ReadySessionsCaller, SessionsCaller
 from agentpark.api.errors_wire import error_responses
-from agentpark.api.schemas import (
-    GenerateRequest,
-    GenerateResponse,
-    MoveRequest,
-    MoveResponse,
-    PauseRequest,
-    PauseResponse,
-    ResumeResponse,
-    SessionCreate,
-    SessionOut,
-    SessionPage,
-)
 from agentpark.enums import State
 from agentpark.errors import (
     InvalidRequestError,
@@ -39,6 +27,18 @@ from agentpark.errors import (
     TransferError,
 )
 from agentpark.parking import PauseOrder, PauseResult, ResumeResult
+from agentpark.schemas.sessions import (
+    GenerateRequest,
+    GenerateResponse,
+    MoveRequest,
+    MoveResponse,
+    PauseRequest,
+    PauseResponse,
+    ResumeResponse,
+    SessionCreate,
+    SessionOut,
+    SessionPage,
+)
 
 __all__ = ["router"]
 

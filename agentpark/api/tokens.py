@@ -12,13 +12,13 @@ from fastapi import APIRouter, Request, status
 
 from agentpark.api.deps import ADMIN, AUTH_ERRORS
 from agentpark.api.errors_wire import error_responses
-from agentpark.api.schemas_auth import TokenCreate, TokenCreated, TokenOut, TokenPage
 from agentpark.auth import Gate, TokenInfo, parse_scopes
 from agentpark.errors import (
     InvalidRequestError,
     PayloadTooLargeError,
     TokenNotFoundError,
 )
+from agentpark.schemas.auth import TokenCreate, TokenCreated, TokenOut, TokenPage
 
 __all__ = ["router"]
 

@@ -391,8 +391,8 @@ def test_peers_are_asked_with_the_callers_token(
 def test_an_admin_creates_lists_and_revokes_tokens_over_http(shared_app: InProcessApp) -> None:
     from typing import get_args
 
-    from agentpark.api.schemas_auth import ScopeName
     from agentpark.client import AgentparkAPIError
+    from agentpark.schemas.auth import ScopeName
 
     assert set(get_args(ScopeName)) == {s.value for s in Scope}
     admin = shared_app.client("http-admin", "admin")

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from agentpark.api.schemas import ResumeResponse, SessionOut
 from agentpark.client import AgentparkAPIError, AgentparkClient
 from agentpark.config import Settings
+from agentpark.schemas.sessions import ResumeResponse, SessionOut
 from tests.conftest import Daemon, InProcessApp, session_row, wait_until
 
 

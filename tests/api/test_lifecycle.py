@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from agentpark.api.schemas import GenerateResponse
 from agentpark.client import AgentparkAPIError, AgentparkClient
+from agentpark.schemas.sessions import GenerateResponse
 from tests.conftest import Daemon, InProcessApp
 
 

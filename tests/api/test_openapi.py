@@ -252,9 +252,9 @@ def test_real_error_answers_validate_as_the_documented_body(daemon: Daemon) -> N
 @pytest.mark.parametrize(
     "module",
     [
-        "agentpark/api/schemas.py",
-        "agentpark/api/schemas_host.py",
-        "agentpark/api/schemas_auth.py",
+        "agentpark/schemas/sessions.py",
+        "agentpark/schemas/host.py",
+        "agentpark/schemas/auth.py",
         "agentpark/api/errors_wire.py",
     ],
 )
