@@ -15,7 +15,7 @@ from agentpark.client import AgentparkAPIError, AgentparkClient, AsyncAgentparkC
 from agentpark.config import Settings
 from agentpark.schemas.sessions import SessionOut
 from agentpark.snapshot import HostSnapshot
-from tests.conftest import Daemon, settled, wait_until
+from tests.harness import Daemon, settled, wait_until
 
 
 def test_a_session_life_cycle_through_the_client(daemon: Daemon) -> None:

@@ -24,7 +24,7 @@ from fastapi.routing import iter_route_contexts
 from agentpark.app import create_app
 from agentpark.auth import Scope
 from agentpark.config import Settings
-from tests.conftest import Daemon, InProcessApp, TenantClient, bearer
+from tests.harness import Daemon, InProcessApp, TenantClient, bearer
 
 SESSION = "/v1/sessions/{session_id}"
 TOKEN_RE = re.compile(r"^apk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$")

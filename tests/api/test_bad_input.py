@@ -17,7 +17,7 @@ import pytest
 from agentpark.client import AgentparkAPIError, AgentparkClient
 from agentpark.config import Settings
 from agentpark.schemas.sessions import ResumeResponse, SessionOut
-from tests.conftest import Daemon, InProcessApp, session_row, wait_until
+from tests.harness import Daemon, InProcessApp, session_row, wait_until
 
 
 def _snapshot(c: AgentparkClient, sid: str) -> dict[str, Any]:

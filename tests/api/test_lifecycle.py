@@ -10,7 +10,7 @@ import pytest
 
 from agentpark.client import AgentparkAPIError, AgentparkClient
 from agentpark.schemas.sessions import GenerateResponse
-from tests.conftest import Daemon, InProcessApp
+from tests.harness import Daemon, InProcessApp
 
 
 def _logits(body: GenerateResponse) -> np.ndarray:

@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute
 from agentpark.api.errors_wire import ErrorBody
 from agentpark.app import create_app
 from agentpark.config import Settings
-from tests.conftest import Daemon
+from tests.harness import Daemon
 
 SESSION = "/v1/sessions/{session_id}"
 BAD_REQUEST = {422: {"invalid_request"}}
