@@ -95,8 +95,9 @@ KNOWN_CONNECTOR_IMPORTS = {
 FRAMEWORKS = ("pydantic", "fastapi", "starlette", "httpx", "sqlalchemy", "uvicorn", "jax")
 
 
-def _name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def _name(path: Path, root: Path = PACKAGE.parent) -> str:
+    """The dotted module name of ``path`` under ``root`` (a package by its __init__)."""
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -208,6 +209,17 @@ def test_the_bottom_floor_imports_no_framework(module: str) -> None:
     source = MODULES[module].read_text(encoding="utf-8")
     heavy = sorted(n for n in imports_of(module, source) if n.split(".")[0] in FRAMEWORKS)
     assert heavy == [], f"{module} imports {heavy}"
+
+
+def test_tests_import_helpers_from_the_harness_not_the_conftest() -> None:
+    # tests/conftest.py holds fixtures only; a helper a test needs is in tests.harness.
+    tests = Path(__file__).resolve().parent
+    importers = sorted(
+        str(path.relative_to(tests))
+        for path in tests.rglob("*.py")
+        if "tests.conftest" in imports_of(_name(path, tests.parent), path.read_text("utf-8"))
+    )
+    assert importers == [], importers
 
 
 NO_JAX = [
