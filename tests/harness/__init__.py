@@ -6,7 +6,7 @@
 - :mod:`tests.harness.daemon`: a real uvicorn daemon in a thread, or a child process
 - :mod:`tests.harness.wait`: waiting for a condition without sleeping blind
 
-Tests import these names from ``tests.harness``, never from a conftest.
+Tests import these names from ``tests.harness``, never from tests/conftest.py.
 """
 
 from tests.harness.daemon import Daemon, DaemonProcess, free_port, settled, start_daemon
