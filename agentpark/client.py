@@ -1,7 +1,7 @@
 """A Python client of the agentpark REST API: ``AgentparkClient`` and its async twin.
 
 One method per route, taking keyword arguments and returning the API's own pydantic
-models (``agentpark.api.schemas``, ``agentpark.snapshot.HostSnapshot``)::
+models (``agentpark.schemas.sessions``, ``agentpark.snapshot.HostSnapshot``)::
 
     from agentpark.client import AgentparkAPIError, AgentparkClient
 
@@ -45,9 +45,6 @@ from typing import Any, Generic, Protocol, Self, overload
 import httpx
 
 from agentpark import __version__
-from agentpark.api.schemas import (
-    SessionOut,
-)
 from agentpark.client_calls import (
     DEFAULT_TIMEOUT,
     DEFAULT_URL,
@@ -78,6 +75,9 @@ from agentpark.client_calls import (
     _resume,
     _revoke_token,
     _tokens,
+)
+from agentpark.schemas.sessions import (
+    SessionOut,
 )
 
 __all__ = ["AgentparkAPIError", "AgentparkClient", "AsyncAgentparkClient"]

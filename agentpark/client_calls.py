@@ -12,7 +12,17 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel
 
-from agentpark.api.schemas import (
+from agentpark.schemas.auth import TokenCreate, TokenCreated, TokenOut, TokenPage
+from agentpark.schemas.host import (
+    HistoryResponse,
+    LatencyResponse,
+    LivenessResponse,
+    ParkedPage,
+    PeersResponse,
+    PolicyResponse,
+    ReloadResponse,
+)
+from agentpark.schemas.sessions import (
     DrainResponse,
     EventPage,
     GenerateRequest,
@@ -25,16 +35,6 @@ from agentpark.api.schemas import (
     SessionCreate,
     SessionOut,
     SessionPage,
-)
-from agentpark.api.schemas_auth import TokenCreate, TokenCreated, TokenOut, TokenPage
-from agentpark.api.schemas_host import (
-    HistoryResponse,
-    LatencyResponse,
-    LivenessResponse,
-    ParkedPage,
-    PeersResponse,
-    PolicyResponse,
-    ReloadResponse,
 )
 from agentpark.snapshot import HostSnapshot
 

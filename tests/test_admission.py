@@ -15,7 +15,7 @@ import httpx
 
 from agentpark.config import Settings
 from agentpark.parking import LiveSession
-from tests.conftest import InProcessApp, wait_until
+from tests.harness import InProcessApp, wait_until
 
 # No policy loop: only the requests themselves park sessions here.
 SMALL = {"pool": {"num_blocks": 16}, "model": {"max_seq_len": 256}, "policy": {"enabled": False}}

@@ -24,7 +24,7 @@ from agentpark.config import Settings
 from agentpark.statedir import StateLock
 from agentpark.tiers.filetier import read_header
 from agentpark.tiers.shm import ShmTier
-from tests.conftest import InProcessApp
+from tests.harness import InProcessApp
 
 GEOMETRY = PoolGeometry(num_blocks=8, block_size=4, arrays=(ArraySpec((4, 8), "float32"),))
 CAPACITY = 8 * GEOMETRY.block_nbytes

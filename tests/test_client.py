@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 
 import httpx
 import pytest
 
-from agentpark.api.schemas import SessionOut
 from agentpark.client import AgentparkAPIError, AgentparkClient, AsyncAgentparkClient
 from agentpark.config import Settings
+from agentpark.schemas.sessions import SessionOut
 from agentpark.snapshot import HostSnapshot
-from tests.conftest import Daemon, settled, wait_until
+from tests.harness import Daemon, settled, wait_until
 
 
 def test_a_session_life_cycle_through_the_client(daemon: Daemon) -> None:
@@ -243,3 +245,15 @@ def test_readyz_is_false_while_warming_up_and_other_errors_raise() -> None:
         with pytest.raises(AgentparkAPIError) as raised:
             ap.host()
         assert (raised.value.status, raised.value.code) == (503, "not_ready")
+
+
+def test_the_client_loads_none_of_the_daemon() -> None:
+    # The client and the API share agentpark.schemas, a floor below both: importing the
+    # client loads no API module, no web server, no store and no engine.
+    probe = (
+        "import sys, agentpark.client; print(sorted(m for m in sys.modules if m.startswith("
+        "('agentpark.api', 'agentpark.store', 'agentpark.parking', 'agentpark.runtime', "
+        "'fastapi', 'starlette', 'sqlalchemy', 'jax'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -12,7 +12,7 @@ import pytest
 
 from agentpark.config import Settings
 from agentpark.dma.host_copy import HostCopyTransfer
-from tests.conftest import Daemon, settled, wait_until
+from tests.harness import Daemon, settled, wait_until
 
 FIRST = {"prompt": "Look this up for me, please.", "max_new_tokens": 30}
 NEXT = {"max_new_tokens": 10, "return_logits": True}

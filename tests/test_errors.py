@@ -7,10 +7,10 @@ from http import HTTPStatus
 import pytest
 
 import agentpark.errors as errors
+from agentpark.api.errors_wire import ErrorBody, error_responses
 from agentpark.errors import (
     AgentparkError,
     ConfigError,
-    ErrorBody,
     InvalidRequestError,
     InvalidStateError,
     LimitExceededError,
@@ -19,7 +19,6 @@ from agentpark.errors import (
     SessionNotFoundError,
     TierFullError,
     TransferError,
-    error_responses,
 )
 
 

@@ -23,7 +23,7 @@ from agentpark.store.models import EventRow
 from agentpark.store.repository import SessionStore
 from agentpark.store.samples import SampleStore
 from agentpark.tally import percentile
-from tests.conftest import session_row, wait_until
+from tests.harness import session_row, wait_until
 
 T0 = 1_800_000_000.0  # a multiple of 600 and of 60: buckets start on it
 HOUR = 3600.0

@@ -14,7 +14,7 @@ from agentpark.config import Settings
 from agentpark.metrics import METRIC_NAMES
 from agentpark.store.models import EventRow
 from agentpark.tiers.filetier import HEADER_BYTES
-from tests.conftest import Daemon
+from tests.harness import Daemon
 
 HOST = "test-host-1"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -21,7 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentpark.config import load_settings
-from tests.conftest import TINY, Daemon, start_daemon
+from tests.harness import TINY, Daemon, start_daemon
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "deploy" / "grafana" / "agentpark-dashboard.json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agentpark.config import Settings
-from tests.conftest import Daemon
+from tests.harness import Daemon
 
 
 def test_restart_marks_in_memory_kv_lost_and_recompute_matches_a_fresh_prefill(

@@ -17,7 +17,7 @@ from agentpark.errors import ConfigError
 from agentpark.runtime import Runtime
 from agentpark.statedir import LOCK_NAME, StateLock
 from agentpark.tiers.shm import default_shm_path
-from tests.conftest import DaemonProcess, free_port, write_config
+from tests.harness import DaemonProcess, free_port, write_config
 
 
 @pytest.fixture

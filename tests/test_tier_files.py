@@ -20,7 +20,7 @@ from agentpark.errors import ConfigError
 from agentpark.parking import PauseOrder
 from agentpark.runtime import Runtime
 from agentpark.tiers.filetier import FileTier
-from tests.conftest import write_config
+from tests.harness import write_config
 
 DISK = {"disk": {"capacity": 32 * 4096}}
 

@@ -13,7 +13,7 @@ import pytest
 
 from agentpark.config import Settings
 from agentpark.tiers.filetier import HEADER_BYTES
-from tests.conftest import Daemon, DaemonProcess, free_port, write_config
+from tests.harness import Daemon, DaemonProcess, free_port, write_config
 
 PROMPT = "Plan a trip; call the flight search tool."
 FIRST = {"prompt": PROMPT, "max_new_tokens": 20}

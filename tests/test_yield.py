@@ -16,7 +16,7 @@ import pytest
 from agentpark.config import Settings
 from agentpark.dma.host_copy import HostCopyTransfer
 from agentpark.store.models import EventRow
-from tests.conftest import Daemon, settled, wait_until
+from tests.harness import Daemon, settled, wait_until
 
 PROMPT = {"prompt": "Look this up for me, please.", "max_new_tokens": 20}
 

@@ -7,10 +7,11 @@ import logging
 from fastapi import APIRouter, Request
 
 from agentpark.api.deps import ADMIN, AUTH_ERRORS, OPERATOR, RuntimeDep
-from agentpark.api.schemas import DrainResponse
-from agentpark.api.schemas_host import PolicyResponse, ReloadResponse, ToolEstimate
-from agentpark.errors import InvalidRequestError, error_responses
+from agentpark.api.errors_wire import error_responses
+from agentpark.errors import InvalidRequestError
 from agentpark.runtime import Runtime
+from agentpark.schemas.host import PolicyResponse, ReloadResponse, ToolEstimate
+from agentpark.schemas.sessions import DrainResponse
 
 __all__ = ["router"]
 

@@ -34,7 +34,12 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from agentpark.api.deps import AUTH_ERRORS, OPERATOR, RuntimeDep
-from agentpark.api.schemas_host import (
+from agentpark.api.errors_wire import error_responses
+from agentpark.enums import State
+from agentpark.errors import InvalidRequestError
+from agentpark.history import bandwidth
+from agentpark.runtime import Runtime, host_label
+from agentpark.schemas.host import (
     HistoryResponse,
     HistorySample,
     LatencyResponse,
@@ -45,10 +50,6 @@ from agentpark.api.schemas_host import (
     PeersResponse,
     TransferLatency,
 )
-from agentpark.enums import State
-from agentpark.errors import InvalidRequestError, error_responses
-from agentpark.history import bandwidth
-from agentpark.runtime import Runtime, host_label
 from agentpark.snapshot import HostSnapshot
 
 __all__ = ["router"]

@@ -7,14 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from agentpark.api.deps import AUTH_ERRORS, OperatorCaller, RuntimeDep, SessionsCaller
-from agentpark.api.schemas import EventOut, EventPage
-from agentpark.api.schemas_host import LivenessResponse, ReadinessResponse
+from agentpark.api.errors_wire import error_responses
 from agentpark.errors import (
     InvalidRequestError,
     NotReadyError,
     StorageUnavailableError,
-    error_responses,
 )
+from agentpark.schemas.host import LivenessResponse, ReadinessResponse
+from agentpark.schemas.sessions import EventOut, EventPage
 from agentpark.snapshot import HostSnapshot
 
 __all__ = ["router"]

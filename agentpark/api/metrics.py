@@ -8,7 +8,8 @@ from fastapi import APIRouter, Header, Response
 from prometheus_client.exposition import choose_encoder
 
 from agentpark.api.deps import RuntimeDep
-from agentpark.errors import InvalidRequestError, error_responses
+from agentpark.api.errors_wire import error_responses
+from agentpark.errors import InvalidRequestError
 
 __all__ = ["router"]
 

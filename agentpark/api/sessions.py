@@ -10,18 +10,7 @@ from fastapi import APIRouter, Body, Query, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from agentpark.api.deps import AUTH_ERRORS, ReadySessionsCaller, SessionsCaller
-from agentpark.api.schemas import (
-    GenerateRequest,
-    GenerateResponse,
-    MoveRequest,
-    MoveResponse,
-    PauseRequest,
-    PauseResponse,
-    ResumeResponse,
-    SessionCreate,
-    SessionOut,
-    SessionPage,
-)
+from agentpark.api.errors_wire import error_responses
 from agentpark.enums import State
 from agentpark.errors import (
     InvalidRequestError,
@@ -36,9 +25,20 @@ from agentpark.errors import (
     StorageUnavailableError,
     TierFullError,
     TransferError,
-    error_responses,
 )
 from agentpark.parking import PauseOrder, PauseResult, ResumeResult
+from agentpark.schemas.sessions import (
+    GenerateRequest,
+    GenerateResponse,
+    MoveRequest,
+    MoveResponse,
+    PauseRequest,
+    PauseResponse,
+    ResumeResponse,
+    SessionCreate,
+    SessionOut,
+    SessionPage,
+)
 
 __all__ = ["router"]
 

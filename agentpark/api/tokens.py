@@ -11,14 +11,14 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Request, status
 
 from agentpark.api.deps import ADMIN, AUTH_ERRORS
-from agentpark.api.schemas_auth import TokenCreate, TokenCreated, TokenOut, TokenPage
+from agentpark.api.errors_wire import error_responses
 from agentpark.auth import Gate, TokenInfo, parse_scopes
 from agentpark.errors import (
     InvalidRequestError,
     PayloadTooLargeError,
     TokenNotFoundError,
-    error_responses,
 )
+from agentpark.schemas.auth import TokenCreate, TokenCreated, TokenOut, TokenPage
 
 __all__ = ["router"]
 

@@ -6,8 +6,9 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from agentpark.api.deps import AUTH_ERRORS, SessionsCaller
+from agentpark.api.errors_wire import error_responses
 from agentpark.connectors.protocol import PROTOCOL
-from agentpark.errors import InvalidStateError, error_responses
+from agentpark.errors import InvalidStateError
 
 __all__ = ["VllmInfo", "router"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import Daemon
+from tests.harness import Daemon
 
 
 def _allow(header: str) -> set[str]:

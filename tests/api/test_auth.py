@@ -24,7 +24,7 @@ from fastapi.routing import iter_route_contexts
 from agentpark.app import create_app
 from agentpark.auth import Scope
 from agentpark.config import Settings
-from tests.conftest import Daemon, InProcessApp, TenantClient, bearer
+from tests.harness import Daemon, InProcessApp, TenantClient, bearer
 
 SESSION = "/v1/sessions/{session_id}"
 TOKEN_RE = re.compile(r"^apk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
@@ -391,8 +391,8 @@ def test_peers_are_asked_with_the_callers_token(
 def test_an_admin_creates_lists_and_revokes_tokens_over_http(shared_app: InProcessApp) -> None:
     from typing import get_args
 
-    from agentpark.api.schemas_auth import ScopeName
     from agentpark.client import AgentparkAPIError
+    from agentpark.schemas.auth import ScopeName
 
     assert set(get_args(ScopeName)) == {s.value for s in Scope}
     admin = shared_app.client("http-admin", "admin")

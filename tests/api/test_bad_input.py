@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from agentpark.api.schemas import ResumeResponse, SessionOut
 from agentpark.client import AgentparkAPIError, AgentparkClient
 from agentpark.config import Settings
-from tests.conftest import Daemon, InProcessApp, session_row, wait_until
+from agentpark.schemas.sessions import ResumeResponse, SessionOut
+from tests.harness import Daemon, InProcessApp, session_row, wait_until
 
 
 def _snapshot(c: AgentparkClient, sid: str) -> dict[str, Any]:

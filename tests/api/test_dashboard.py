@@ -29,7 +29,7 @@ from rich.console import Console
 
 from agentpark.config import Settings
 from agentpark.status import human_bytes, human_ms, print_status
-from tests.conftest import Daemon
+from tests.harness import Daemon
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROMIUM_FLAGS = (

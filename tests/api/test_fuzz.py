@@ -28,12 +28,12 @@ from schemathesis import BaseSchema, Case, GenerationMode
 from schemathesis.python.asgi import shutdown_lifespans
 
 from agentpark.app import create_app
-from tests.conftest import (
-    _private_shm_dir,
-    _unset_agentpark_env,
+from tests.harness import (
     bearer,
     make_token,
+    private_shm_dir,
     tiny_settings,
+    unset_agentpark_env,
 )
 
 MAX_EXAMPLES = 25
@@ -42,8 +42,8 @@ MAX_EXAMPLES = 25
 @pytest.fixture(scope="module")
 def fuzz_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
     """A daemon app of its own; schemathesis runs its lifespan (start, warm-up, shutdown)."""
-    with pytest.MonkeyPatch.context() as env, _private_shm_dir() as shm:
-        _unset_agentpark_env(env)
+    with pytest.MonkeyPatch.context() as env, private_shm_dir() as shm:
+        unset_agentpark_env(env)
         settings = tiny_settings(tmp_path_factory.mktemp("fuzz") / "state", shm)
         app = create_app(settings, anonymous=False)  # every request needs its token
         yield app

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from agentpark.api.schemas import GenerateResponse
 from agentpark.client import AgentparkAPIError, AgentparkClient
-from tests.conftest import Daemon, InProcessApp
+from agentpark.schemas.sessions import GenerateResponse
+from tests.harness import Daemon, InProcessApp
 
 
 def _logits(body: GenerateResponse) -> np.ndarray:

@@ -14,10 +14,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
+from agentpark.api.errors_wire import ErrorBody
 from agentpark.app import create_app
 from agentpark.config import Settings
-from agentpark.errors import ErrorBody
-from tests.conftest import Daemon
+from tests.harness import Daemon
 
 SESSION = "/v1/sessions/{session_id}"
 BAD_REQUEST = {422: {"invalid_request"}}
@@ -252,10 +252,10 @@ def test_real_error_answers_validate_as_the_documented_body(daemon: Daemon) -> N
 @pytest.mark.parametrize(
     "module",
     [
-        "agentpark/api/schemas.py",
-        "agentpark/api/schemas_host.py",
-        "agentpark/api/schemas_auth.py",
-        "agentpark/errors.py",
+        "agentpark/schemas/sessions.py",
+        "agentpark/schemas/host.py",
+        "agentpark/schemas/auth.py",
+        "agentpark/api/errors_wire.py",
     ],
 )
 def test_wire_models_do_not_depend_on_the_store_or_the_core(module: str) -> None:

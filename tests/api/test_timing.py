@@ -7,7 +7,7 @@ import pytest
 
 from agentpark.api.timing import SERVER_TIMING, app_ms
 from agentpark.client import AgentparkClient
-from tests.conftest import InProcessApp, bearer
+from tests.harness import InProcessApp, bearer
 
 
 @pytest.mark.parametrize(

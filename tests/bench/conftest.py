@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from agentpark.bench.common import MEMORY_FILESYSTEMS, filesystem_of
-from tests.conftest import SHM_ROOT, shm_test_prefix
+from tests.harness import SHM_ROOT, shm_test_prefix
 
 
 @dataclass

@@ -16,7 +16,7 @@ from agentpark.bench import agents as bench
 from agentpark.bench import agents_report
 from agentpark.cli import main
 from agentpark.config import ModelSettings
-from tests.conftest import wait_until
+from tests.harness import wait_until
 
 # Milliseconds of tool time and a model small enough to compile in a few seconds.
 TINY = bench.WorkloadSpec(

@@ -24,7 +24,7 @@ from agentpark.policy.service import PolicyService
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
-from tests.conftest import tiny_settings
+from tests.harness import tiny_settings
 
 collect_ignore = (
     ["tpu_real"]

@@ -326,7 +326,7 @@ def test_a_park_whose_answer_the_connector_gave_up_on_is_undone_at_once(
 ) -> None:
     import threading
 
-    from tests.conftest import wait_until
+    from tests.harness import wait_until
 
     _register(daemon)
     release = threading.Event()

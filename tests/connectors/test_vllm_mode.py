@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentpark.config import Settings
-from tests.conftest import Daemon
+from tests.harness import Daemon
 
 
 def test_a_vllm_daemon_names_its_socket_and_refuses_generate(
@@ -44,8 +44,8 @@ def test_a_vllm_daemon_runs_its_policy_loop_and_demotes_pool_copies_to_disk(
 ) -> None:
     from agentpark.connectors.client import ControlClient
     from agentpark.connectors.protocol import PoolFile, encode_tokens
-    from tests.conftest import wait_until
     from tests.connectors.test_control import BLOCK, LAYOUT, Worker
+    from tests.harness import wait_until
 
     settings = make_settings(
         vllm={"enabled": True, "pool_capacity": 1 << 20, "pool_path": shm_dir / "pool"},

@@ -29,9 +29,9 @@ from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
 from agentpark.tiers.filetier import FileTier
-from tests.conftest import tiny_settings
 from tests.connectors.conftest import TENANT
 from tests.connectors.test_control import BLOCK, Daemon, _park, _register
+from tests.harness import tiny_settings
 
 DEMOTE_S = 60.0
 TTL_S = 600.0

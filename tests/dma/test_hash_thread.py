@@ -19,8 +19,8 @@ from agentpark.blocks import PoolGeometry
 from agentpark.config import Settings
 from agentpark.dma import HostCopyTransfer, hash_thread, host_copy
 from agentpark.tiers.dram import DramTier
-from tests.conftest import Daemon
 from tests.dma.test_host_copy import _SLOTS, TwoArrayPool, _independent_checksum
+from tests.harness import Daemon
 
 HASH_THREAD = "agentpark-hash"
 _BLOCKS = [5, 6, 7, 8, 0, 1, 23, 22, 9, 10, 11, 12, 13, 2, 3, 4, 14, 15, 16, 17]

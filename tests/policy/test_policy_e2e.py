@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from agentpark.config import Settings
-from tests.conftest import (
+from tests.harness import (
     Daemon,
     DaemonProcess,
     free_port,

@@ -21,7 +21,7 @@ from agentpark.store.migrate import upgrade
 from agentpark.store.models import EventRow, SessionRow
 from agentpark.store.prepared import PreparedWrites
 from agentpark.store.repository import SessionStore
-from tests.conftest import session_row
+from tests.harness import session_row
 
 SESSIONS: Table = SessionRow.__table__  # type: ignore[assignment]
 EVENTS: Table = EventRow.__table__  # type: ignore[assignment]

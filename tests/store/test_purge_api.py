@@ -10,7 +10,7 @@ import pytest
 
 from agentpark.client import AgentparkAPIError
 from agentpark.config import Settings
-from tests.conftest import InProcessApp
+from tests.harness import InProcessApp
 
 
 def test_a_purged_session_id_can_be_created_again(

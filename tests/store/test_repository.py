@@ -8,7 +8,7 @@ from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.models import EventRow
 from agentpark.store.repository import SessionStore
-from tests.conftest import session_row
+from tests.harness import session_row
 
 
 def _event(kind: str, detail: str | None, ms: float) -> EventRow:

@@ -21,7 +21,7 @@ from agentpark.store.models import EventRow
 from agentpark.store.repository import SessionStore
 from agentpark.store.retention import Retention, RetentionStore
 from agentpark.store.samples import EventFigure, SampleStore
-from tests.conftest import session_row
+from tests.harness import session_row
 from tests.store.counting import counting_engine
 
 TOOLS = ("search", "calc", "browse", "shell", "sql")

@@ -27,7 +27,7 @@ import pytest
 from sqlalchemy import event
 
 from agentpark.config import Settings
-from tests.conftest import Daemon, start_daemon, wait_until
+from tests.harness import Daemon, start_daemon, wait_until
 
 BIG_METADATA = {"blob": "m" * 60_000}  # needs new pages whatever the volume
 

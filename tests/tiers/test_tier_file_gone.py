@@ -15,7 +15,7 @@ import pytest
 
 from agentpark.config import Settings
 from agentpark.tiers.filetier import FileTier
-from tests.conftest import Daemon, settled, wait_until
+from tests.harness import Daemon, settled, wait_until
 
 PROMPT = {"prompt": "keep this in shared memory", "max_new_tokens": 8}
 

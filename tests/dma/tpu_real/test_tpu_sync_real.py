@@ -31,8 +31,8 @@ from agentpark.dma.tpu_sync import default_manager_factory
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.tiers.base import BackendHeldTier
 from agentpark.tiers.dram import DramTier
-from tests.conftest import Daemon, DaemonProcess, free_port, write_config
 from tests.dma.tpu_real.counting import CountingManager
+from tests.harness import Daemon, DaemonProcess, free_port, write_config
 
 NUM_BLOCKS = 32
 HOST_BLOCKS = 16

@@ -1,7 +1,7 @@
 """Response bodies of the host, dashboard, admin and health routes.
 
 ``GET /v1/host`` answers :class:`agentpark.snapshot.HostSnapshot` itself; the rest are
-here. Like :mod:`agentpark.api.schemas`, wire models only: nothing from the store or the
+here. Like :mod:`agentpark.schemas.sessions`, wire models only: nothing from the store or the
 session core.
 """
 
