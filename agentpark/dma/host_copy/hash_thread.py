@@ -175,8 +175,6 @@ class SpanLoop:
     by ``job``: on a pause posted once copied, on a restore just before it is written, so
     the two threads read it at once."""
 
-    name = "numpy + hash thread"
-
     def __init__(self, job: HashJob, span: int) -> None:
         self.job = job
         self.unit = span

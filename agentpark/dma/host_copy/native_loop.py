@@ -22,8 +22,6 @@ __all__ = ["NativeLoop", "copy_native", "takes"]
 class NativeLoop:
     """The kernel; ``k`` > 0 hashes in pieces of ``k`` blocks (0: no checksum)."""
 
-    name = "native"
-
     def __init__(self, k: int) -> None:
         self.k = k
         self.unit = k or 1

@@ -29,8 +29,6 @@ __all__ = ["NumpyLoop", "gather_rows", "hash_rows", "scatter_rows"]
 class NumpyLoop:
     """numpy's copies; ``k`` > 0 hashes in pieces of ``k`` blocks (0: no checksum)."""
 
-    name = "numpy"
-
     def __init__(self, k: int) -> None:
         self.k = k
         self.unit = k or 1

@@ -43,7 +43,6 @@ class Chunk:
 class CopyLoop(Protocol):
     """One way to copy a chunk's rows, and to hash them on the way."""
 
-    name: str
     unit: int
     """Parts are cut in whole multiples of this many positions (a piece, a span, or 1)."""
 
