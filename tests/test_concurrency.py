@@ -11,14 +11,14 @@ import httpx
 import pytest
 
 from agentpark.config import Settings
-from agentpark.dma.host_copy import HostCopyTransfer
+from agentpark.dma.host_copy import HostCopyTransfer, NullObserver
 from tests.harness import Daemon, settled, wait_until
 
 FIRST = {"prompt": "Look this up for me, please.", "max_new_tokens": 30}
 NEXT = {"max_new_tokens": 10, "return_logits": True}
 
 
-class Gate:
+class Gate(NullObserver):
     """Holds every copy after its first chunk until opened (outside the engine lock)."""
 
     def __init__(self, transfer: HostCopyTransfer) -> None:
@@ -26,9 +26,9 @@ class Gate:
         self.waiting = 0
         self._lock = threading.Lock()
         transfer.chunk_bytes = 1  # one block per chunk: a multi-chunk copy
-        transfer.chunk_hook = self._hold
+        transfer.observer = self
 
-    def _hold(self, _nbytes: int) -> None:
+    def on_chunk(self, nbytes: int) -> None:
         with self._lock:
             self.waiting += 1
         self.open.wait(timeout=60)
@@ -41,7 +41,7 @@ def gate(daemon: Daemon) -> Iterator[Gate]:
     gate = Gate(transfer)
     yield gate
     gate.open.set()
-    transfer.chunk_hook = None
+    transfer.observer = NullObserver()
 
 
 def _state(daemon: Daemon, sid: str) -> str:

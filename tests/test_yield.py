@@ -14,14 +14,14 @@ import httpx
 import pytest
 
 from agentpark.config import Settings
-from agentpark.dma.host_copy import HostCopyTransfer
+from agentpark.dma.host_copy import HostCopyTransfer, NullObserver
 from agentpark.store.models import EventRow
 from tests.harness import Daemon, settled, wait_until
 
 PROMPT = {"prompt": "Look this up for me, please.", "max_new_tokens": 20}
 
 
-class Gate:
+class Gate(NullObserver):
     """Holds every copy after its first chunk until opened."""
 
     def __init__(self, transfer: HostCopyTransfer) -> None:
@@ -29,9 +29,9 @@ class Gate:
         self.waiting = 0
         self._lock = threading.Lock()
         transfer.chunk_bytes = 1
-        transfer.chunk_hook = self._hold
+        transfer.observer = self
 
-    def _hold(self, _nbytes: int) -> None:
+    def on_chunk(self, nbytes: int) -> None:
         with self._lock:
             self.waiting += 1
         self.open.wait(timeout=60)
@@ -74,7 +74,7 @@ def test_a_generate_waits_for_a_policy_park_in_flight_instead_of_409(idle_daemon
         thread.join(timeout=60)
     finally:
         gate.open.set()
-        transfer.chunk_hook = None
+        transfer.observer = NullObserver()
     (answer,) = out
     assert answer.status_code == 200, answer.text
     assert answer.json()["resumed"] is True  # the park finished, then the generate ran

@@ -23,7 +23,7 @@ timed in the same repeat: how close the copy comes to what the memory allows, no
 one core's memcpy.
 
 ``hash_thread`` (``--hash-thread``) is host_copy's ``dma.hash_thread`` (the checksum hashed on
-a second thread, agentpark.dma.hash_thread) for every checksummed operation. The copy-alone
+a second thread, dma.host_copy.hash_thread) for every checksummed operation. The copy-alone
 table also times the other checksum path in the same repeats (the hash thread without the
 flag, the fused one-thread hash with it), and a fourth table puts the two side by side:
 an A/B under the same machine noise.
@@ -103,7 +103,7 @@ from agentpark.bench.common import (
     timed,
 )
 from agentpark.dma import Transfer, native, select_transfer
-from agentpark.dma.host_copy import MAX_COPY_THREADS, HostCopyTransfer
+from agentpark.dma.host_copy import MAX_COPY_THREADS, HostCopyTransfer, LastRestorePath
 from agentpark.dma.jax_memkind import DEVICE, PINNED_HOST, JaxMemkindTransfer
 from agentpark.dma.tpu_sync_shm import tpu_sync_version
 from agentpark.engine.base import EngineAdapter
@@ -454,7 +454,10 @@ class _Stack:
             else:
                 tier = _make_tier(tier_name, tier_dir, engine, largest)
                 copier = HostCopyTransfer(
-                    copy_threads=copy_threads, hash_thread=hash_thread, native_copy=native_copy
+                    copy_threads=copy_threads,
+                    hash_thread=hash_thread,
+                    native_copy=native_copy,
+                    observer=LastRestorePath(),
                 )
                 # Compile the restore scatter for every window size before anything is timed.
                 copier.warmup(engine, tier)
@@ -765,9 +768,9 @@ def _bench_size(
             if plain is not None:
                 result.file_read_s.append(timed(plain.read, dst))
             result.restore_s.append(timed(restore, parking, session_id, tier.name))
-            path = getattr(stack.transfer, "last_restore_path", None)
-            if path is not None:
-                stack.restore_paths.add(path)
+            seen = getattr(stack.transfer, "observer", None)
+            if isinstance(seen, LastRestorePath) and seen.last is not None:
+                stack.restore_paths.add(seen.last)
             step("restore")
             if checksummed:  # host_copy only (see the module doc)
                 parking.mover.checksum_tiers = frozenset({tier.name})
@@ -1184,7 +1187,7 @@ def _notes(stack: _Stack, tier: str, tier_dir: Path | None, repeats: int) -> lis
             went = " and ".join(sorted(stack.restore_paths)) or "-"
             notes.append(
                 "restore: in place (numpy writes into the pool arrays' own memory, "
-                "agentpark.dma.in_place) where the pool allows it, else XLA's donated writes; "
+                "dma.host_copy.in_place) where the pool allows it, else XLA's donated writes; "
                 f"the session core's restores here went {went}. The "
                 "in-place-vs-XLA table times both for the copy alone in the same repeats."
             )

@@ -128,7 +128,7 @@ def test_jax_memkind_without_pinned_host_exits_2_with_a_message(
     consoles: Consoles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A JAX whose device has no pinned_host memory kind (older CPU builds).
-    monkeypatch.setattr(agentpark.dma, "_memory_kinds", lambda: {"device", "unpinned_host"})
+    monkeypatch.setattr(agentpark.dma.select, "_memory_kinds", lambda: {"device", "unpinned_host"})
     err = Consoles(consoles.progress, consoles.out, consoles.buffer)  # capture the error
     code = bench.run_transfer_bench(
         [1 * MiB], 1, console=err.out, progress_console=err.progress, backend="jax_memkind"

@@ -17,7 +17,8 @@ import pytest
 from agentpark import integrity
 from agentpark.blocks import PoolGeometry
 from agentpark.config import Settings
-from agentpark.dma import HostCopyTransfer, hash_thread, host_copy
+from agentpark.dma import HostCopyTransfer
+from agentpark.dma.host_copy import hash_thread, numpy_loop
 from agentpark.tiers.dram import DramTier
 from tests.dma.test_host_copy import _SLOTS, TwoArrayPool, _independent_checksum
 from tests.harness import Daemon
@@ -118,7 +119,7 @@ def test_the_hash_thread_hashes_while_the_copier_goes_on(
         if threading.current_thread().name.startswith(HASH_THREAD):
             first_hashed.set()
 
-    original_gather = host_copy._gather
+    original_gather = numpy_loop.gather_rows
 
     def gather(*args: object) -> list[bytes]:
         if args[-2] != 0:  # not the first span
@@ -126,7 +127,7 @@ def test_the_hash_thread_hashes_while_the_copier_goes_on(
         return original_gather(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(hash_thread.HashJob, "_hash", hash_span)
-    monkeypatch.setattr(host_copy, "_gather", gather)
+    monkeypatch.setattr(numpy_loop, "gather_rows", gather)
     dma = _transfer(engine, span_pieces=1)
     try:
         digest = dma.d2h(engine, _BLOCKS, tier, _SLOTS, digest=True)  # type: ignore[arg-type]
@@ -200,20 +201,20 @@ def test_a_failed_copy_waits_for_the_hash_thread_and_frees_it(
     engine = TwoArrayPool()
     three_block_pieces(engine.geometry)
     tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
-    original_gather = host_copy._gather
+    original_gather = numpy_loop.gather_rows
 
     def gather(*args: object) -> list[bytes]:
         if args[-2] == 9:  # the fourth span
             raise OSError("injected")
         return original_gather(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(host_copy, "_gather", gather)
+    monkeypatch.setattr(numpy_loop, "gather_rows", gather)
     dma = _transfer(engine, span_pieces=1)
     try:
         with pytest.raises(OSError, match="injected"):
             dma.d2h(engine, _BLOCKS, tier, _SLOTS, digest=True)  # type: ignore[arg-type]
         assert _hash_threads_alive()  # started, and idle now
-        monkeypatch.setattr(host_copy, "_gather", original_gather)
+        monkeypatch.setattr(numpy_loop, "gather_rows", original_gather)
         # Free again: the next copy gets the thread, and the right checksum.
         digest = dma.d2h(engine, _BLOCKS, tier, _SLOTS, digest=True)  # type: ignore[arg-type]
         assert digest == integrity.checksum(tier, _SLOTS)
@@ -296,8 +297,10 @@ def test_a_flipped_byte_through_the_daemon_is_caught_with_the_hash_thread(
     from tests.test_tiers_e2e import FIRST, NEXT, PROMPT
 
     monkeypatch.setattr(integrity, "PIECE_BYTES", 1)  # a piece per block
-    monkeypatch.setattr(host_copy, "HASH_SPAN_BYTES", 1)  # a span per block: many spans
     daemon = daemon_factory(make_settings(dma={"hash_thread": True}))
+    transfer = daemon.runtime.driver.transfer
+    assert isinstance(transfer, HostCopyTransfer) and transfer.hash_thread
+    transfer.hash_span_bytes = 1  # a span per block: many spans
     c = daemon.client
     parking = daemon.runtime.parking
     c.post("/v1/sessions", json={"session_id": "s"})

@@ -15,7 +15,8 @@ import xxhash
 
 from agentpark import integrity
 from agentpark.blocks import ArraySpec, PoolGeometry, contiguous_runs
-from agentpark.dma import HostCopyTransfer, host_copy, native
+from agentpark.dma import HostCopyTransfer, native
+from agentpark.dma.host_copy import native_loop, numpy_loop
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.tiers.dram import DramTier
 
@@ -340,7 +341,11 @@ def test_old_checksums_are_still_verified(engine: ReferenceEngine) -> None:
     assert not integrity.matches(tier, slots, legacy)
 
 
-@pytest.mark.parametrize("copier", ["_gather", "_copy_native"])  # numpy's loop, the kernel's
+# The pause's two fused copy loops: numpy's, and the native kernel's.
+_GATHERS = {"numpy": (numpy_loop, "gather_rows"), "kernel": (native_loop, "copy_native")}
+
+
+@pytest.mark.parametrize("copier", list(_GATHERS))
 def test_a_failing_part_waits_for_the_other_threads_before_raising(
     engine: ReferenceEngine, monkeypatch: pytest.MonkeyPatch, copier: str
 ) -> None:
@@ -360,9 +365,9 @@ def test_a_failing_part_waits_for_the_other_threads_before_raising(
         raised.set()
         raise OSError("injected")  # this thread's part
 
-    monkeypatch.setattr(host_copy, copier, gather)
+    monkeypatch.setattr(*_GATHERS[copier], gather)
     tier = DramTier(engine.geometry, 8 * engine.geometry.block_nbytes)
-    dma = HostCopyTransfer(copy_threads=2, native_copy=copier == "_copy_native")
+    dma = HostCopyTransfer(copy_threads=2, native_copy=copier == "kernel")
     with pytest.raises(OSError, match="injected"):
         dma.d2h(engine, [0, 1, 2, 3], tier, [0, 1, 2, 3])
     assert finished == [0]

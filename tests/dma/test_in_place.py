@@ -1,8 +1,8 @@
 """host_copy's in-place restore: numpy writes into the CPU pool's own memory, exact and safe.
 
-Each test can tell the paths apart: ``last_restore_path`` says which one the last chunk
-took, and the in-place tests make XLA's write functions raise, so a restore that went
-through XLA fails them.
+Each test can tell the paths apart: an observer passed in hears which one each chunk took,
+and the in-place tests make XLA's write functions raise, so a restore that went through
+XLA fails them.
 """
 
 from __future__ import annotations
@@ -20,11 +20,34 @@ from jax.sharding import SingleDeviceSharding
 
 from agentpark import integrity
 from agentpark.blocks import PoolGeometry
-from agentpark.dma import HostCopyTransfer, host_copy, in_place
+from agentpark.dma import HostCopyTransfer, host_copy
+from agentpark.dma.host_copy import (
+    NullObserver,
+    RestorePath,
+    in_place,
+    native_loop,
+    numpy_loop,
+    xla,
+)
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.errors import TransferError
 from agentpark.tiers.dram import DramTier
 from tests.dma.test_host_copy import TwoArrayPool
+
+
+class Paths(NullObserver):
+    """The path each restore chunk took, in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[RestorePath] = []
+
+    def on_restore_path(self, path: RestorePath) -> None:
+        self.seen.append(path)
+
+    def took(self, path: RestorePath) -> bool:
+        """Whether the last restore's chunks (since the last call) all went ``path``."""
+        seen, self.seen = self.seen, []
+        return bool(seen) and set(seen) == {path}
 
 
 def _pointers(engine: TwoArrayPool | ReferenceEngine) -> list[int]:
@@ -38,8 +61,8 @@ def no_xla(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object) -> None:
         raise AssertionError("restored through XLA")
 
-    monkeypatch.setattr(host_copy, "_write_rows", refuse)
-    monkeypatch.setattr(host_copy, "_scatter_rows", refuse)
+    monkeypatch.setattr(xla, "slice_write", refuse)
+    monkeypatch.setattr(xla, "scatter_write", refuse)
 
 
 @pytest.fixture
@@ -77,13 +100,14 @@ def test_in_place_restore_is_bit_exact_and_checksums_the_tier(
     engine = TwoArrayPool()
     three_block_pieces(engine.geometry)
     tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
-    dma = HostCopyTransfer(chunk_blocks * engine.geometry.block_nbytes, threads)
+    paths = Paths()
+    dma = HostCopyTransfer(chunk_blocks * engine.geometry.block_nbytes, threads, observer=paths)
     parked = dma.d2h(engine, _BLOCKS, tier, _SLOTS, digest=True)  # type: ignore[arg-type]
     ids = _TARGETS[targets]
     before = _pointers(engine)
     old = engine.kv_pool()
     got = dma.h2d(tier, _SLOTS, engine, ids, digest=digest)  # type: ignore[arg-type]
-    assert dma.last_restore_path == "in place"
+    assert paths.took("in place")
     assert got == (integrity.checksum(tier, _SLOTS) if digest else None)
     assert not digest or got == parked
     untouched = [b for b in range(24) if b not in ids]
@@ -107,10 +131,11 @@ def test_both_paths_restore_the_same_bytes_and_checksum(
         engine = TwoArrayPool()
         three_block_pieces(engine.geometry)
         tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
-        dma = HostCopyTransfer(copy_threads=threads, in_place=allowed)
+        paths = Paths()
+        dma = HostCopyTransfer(copy_threads=threads, in_place=allowed, observer=paths)
         dma.d2h(engine, _BLOCKS, tier, _SLOTS)
         got = dma.h2d(tier, _SLOTS, engine, _TARGETS["scattered"], digest=True)  # type: ignore[arg-type]
-        assert dma.last_restore_path == ("in place" if allowed else "xla")
+        assert paths.took("in place" if allowed else "xla")
         results.append((got, [np.asarray(a).tobytes() for a in engine.kv_pool()]))
     assert results[0] == results[1]
 
@@ -123,11 +148,12 @@ def test_a_flipped_byte_in_the_tier_changes_the_in_place_checksum(
     engine = TwoArrayPool()
     three_block_pieces(engine.geometry)
     tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
-    dma = HostCopyTransfer(copy_threads=threads)
+    paths = Paths()
+    dma = HostCopyTransfer(copy_threads=threads, observer=paths)
     parked = dma.d2h(engine, _BLOCKS, tier, _SLOTS, digest=True)  # type: ignore[arg-type]
     tier.buffers()[0][_SLOTS[4]].view(np.uint8).flat[3] ^= 0x40
     restored = dma.h2d(tier, _SLOTS, engine, _BLOCKS, digest=True)  # type: ignore[arg-type]
-    assert dma.last_restore_path == "in place"
+    assert paths.took("in place")
     assert restored == integrity.checksum(tier, _SLOTS) != parked
 
 
@@ -145,7 +171,8 @@ def test_the_xla_path_is_taken_when_in_place_is_not_allowed(
 ) -> None:
     engine = TwoArrayPool()
     tier = DramTier(engine.geometry, 32 * engine.geometry.block_nbytes)
-    dma = HostCopyTransfer(in_place=why != "in_place is off")
+    paths = Paths()
+    dma = HostCopyTransfer(in_place=why != "in_place is off", observer=paths)
     dma.d2h(engine, _BLOCKS, tier, _SLOTS)
     if why == "row-major":  # a pool array XLA lays out column-major
         first, second = engine.kv_pool()
@@ -153,14 +180,14 @@ def test_the_xla_path_is_taken_when_in_place_is_not_allowed(
     ids = _TARGETS["runs"]
     with caplog.at_level("INFO", logger=host_copy.__name__):
         parked = dma.h2d(tier, _SLOTS, engine, ids, digest=True)  # type: ignore[arg-type]
-    assert dma.last_restore_path == "xla"
+    assert paths.took("xla")
     assert parked == integrity.checksum(tier, _SLOTS)
     assert (why in caplog.text) == dma.in_place  # the reason is logged; "off" is not news
     for array, original in zip(engine.kv_pool(), engine.original, strict=True):
         np.testing.assert_array_equal(np.asarray(array)[ids], original[_BLOCKS])
     if dma.in_place:  # XLA's write left the pool row-major: the next restore is in place
         dma.h2d(tier, _SLOTS, engine, ids)
-        assert dma.last_restore_path == "in place"
+        assert paths.took("in place")
 
 
 def test_repeated_target_ids_go_through_xla(
@@ -169,10 +196,11 @@ def test_repeated_target_ids_go_through_xla(
     engine = TwoArrayPool()
     three_block_pieces(engine.geometry)
     tier = DramTier(engine.geometry, 8 * engine.geometry.block_nbytes)
-    dma = HostCopyTransfer(copy_threads=2)
+    paths = Paths()
+    dma = HostCopyTransfer(copy_threads=2, observer=paths)
     dma.d2h(engine, [3, 4, 5, 6], tier, [0, 1, 2, 3])
     dma.h2d(tier, [0, 1, 2, 3], engine, [9, 10, 9, 11])  # two threads could race on block 9
-    assert dma.last_restore_path == "xla"
+    assert paths.took("xla")
     for array, original in zip(engine.kv_pool(), engine.original, strict=True):
         np.testing.assert_array_equal(np.asarray(array)[[10, 11]], original[[4, 6]])
 
@@ -251,29 +279,30 @@ def test_what_else_holds_the_pool_buffer_keeps_its_bytes(
     assert "XLA copied the whole pool" in caplog.text
 
 
-# The in-place restore's two copy loops: numpy's, and the native kernel's.
-_COPIERS = ["_scatter", "_copy_native"]
+# The in-place restore's two fused copy loops: numpy's, and the native kernel's.
+_SCATTERS = {"numpy": (numpy_loop, "scatter_rows"), "kernel": (native_loop, "copy_native")}
 
 
-@pytest.mark.parametrize("copier", _COPIERS)
+@pytest.mark.parametrize("copier", list(_SCATTERS))
 def test_a_pool_replaced_during_the_write_fails_the_restore(
     engine: ReferenceEngine, monkeypatch: pytest.MonkeyPatch, copier: str
 ) -> None:
     """An engine that swaps its pool without its lock: the check after the copy refuses."""
     tier, slots, _rows = _parked(engine)
-    copy = getattr(host_copy, copier)
+    module, name = _SCATTERS[copier]
+    copy = getattr(module, name)
 
     def swap_then_copy(*args: object) -> list[bytes]:
         engine.set_kv_pool([jnp.zeros_like(engine.kv_pool()[0])])
         return copy(*args)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(host_copy, copier, swap_then_copy)
-    dma = HostCopyTransfer(native_copy=copier == "_copy_native")
+    monkeypatch.setattr(module, name, swap_then_copy)
+    dma = HostCopyTransfer(native_copy=copier == "kernel")
     with pytest.raises(TransferError, match="replaced while the restore wrote"):
         dma.h2d(tier, slots, engine, list(range(8)))
 
 
-@pytest.mark.parametrize("copier", _COPIERS)
+@pytest.mark.parametrize("copier", list(_SCATTERS))
 def test_a_failing_in_place_part_waits_for_the_other_thread(
     engine: ReferenceEngine, monkeypatch: pytest.MonkeyPatch, copier: str
 ) -> None:
@@ -291,8 +320,8 @@ def test_a_failing_in_place_part_waits_for_the_other_thread(
         raised.set()
         raise OSError("injected")
 
-    monkeypatch.setattr(host_copy, copier, scatter)
-    dma = HostCopyTransfer(copy_threads=2, native_copy=copier == "_copy_native")
+    monkeypatch.setattr(*_SCATTERS[copier], scatter)
+    dma = HostCopyTransfer(copy_threads=2, native_copy=copier == "kernel")
     with pytest.raises(TransferError, match="injected"):
         dma.h2d(tier, slots, engine, list(range(8)))
     assert finished == [0]
@@ -318,13 +347,16 @@ def test_decoding_after_a_restore_equals_decoding_without_a_pause(
     twin.extend(twin_table, 0, prompt)
     tier = DramTier(engine.geometry, 8 * engine.geometry.block_nbytes)
     slots = tier.allocate("s", len(table))
-    dma = HostCopyTransfer(chunk_bytes=2 * engine.geometry.block_nbytes, copy_threads=threads)
+    paths = Paths()
+    dma = HostCopyTransfer(
+        chunk_bytes=2 * engine.geometry.block_nbytes, copy_threads=threads, observer=paths
+    )
     dma.in_place = allowed
     parked = dma.d2h(engine, table, tier, slots, digest=True)
     engine.extend([5, 6, 7, 8, 10], 0, prompt[::-1])  # other work over the freed blocks
     restored = [12, 13, 14, 33, 2]  # other blocks than it left
     assert dma.h2d(tier, slots, engine, restored, digest=True) == parked
-    assert dma.last_restore_path == ("in place" if allowed else "xla")
+    assert paths.took("in place" if allowed else "xla")
     position = len(prompt)
     for token in (5, 77, 200):
         logits = engine.extend(restored, position, [token])

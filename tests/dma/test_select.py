@@ -17,6 +17,7 @@ from agentpark.dma import (
     JaxMemkindTransfer,
     TpuSyncTransfer,
     bytes_in_tier,
+    select,
     select_transfer,
 )
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
@@ -98,7 +99,7 @@ def test_host_copy_is_refused_on_an_accelerator() -> None:
 
 @pytest.mark.usefixtures("gpu_platform")
 def test_jax_memkind_without_pinned_host_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dma, "_memory_kinds", lambda: {"device"})
+    monkeypatch.setattr(select, "_memory_kinds", lambda: {"device"})
     with pytest.raises(ConfigError) as info:
         select_transfer("auto")
     message = info.value.message
@@ -109,7 +110,7 @@ def test_jax_memkind_without_pinned_host_is_refused(monkeypatch: pytest.MonkeyPa
 
 
 def test_tpu_sync_with_the_package_still_needs_a_tpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dma, "_tpu_sync_install_problem", lambda: None)
+    monkeypatch.setattr(select, "_tpu_sync_install_problem", lambda: None)
     with pytest.raises(ConfigError) as info:
         select_transfer("tpu_sync")
     message = info.value.message
@@ -119,10 +120,10 @@ def test_tpu_sync_with_the_package_still_needs_a_tpu(monkeypatch: pytest.MonkeyP
 
 
 def test_tpu_sync_on_cpu_is_an_explicit_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dma, "_tpu_sync_install_problem", lambda: None)
-    assert dma._tpu_sync_problems("cpu", on_cpu=True) == []
-    assert dma._tpu_sync_problems("tpu") == []
-    (gpu,) = dma._tpu_sync_problems("gpu", on_cpu=True)  # the opt-in is for the CPU only
+    monkeypatch.setattr(select, "_tpu_sync_install_problem", lambda: None)
+    assert select._tpu_sync_problems("cpu", on_cpu=True) == []
+    assert select._tpu_sync_problems("tpu") == []
+    (gpu,) = select._tpu_sync_problems("gpu", on_cpu=True)  # the opt-in is for the CPU only
     assert gpu == "JAX's platform is 'gpu', and TPU Sync needs a TPU"
 
 
@@ -146,7 +147,7 @@ class _Manager:
 
 def _pretend_tpu_sync_runs_here(monkeypatch: pytest.MonkeyPatch, factory: object) -> None:
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    monkeypatch.setattr(dma, "_tpu_sync_problems", lambda platform, **_: [])
+    monkeypatch.setattr(select, "_tpu_sync_problems", lambda platform, **_: [])
     monkeypatch.setattr(dma.tpu_sync, "default_manager_factory", lambda *a, **k: factory)
 
 

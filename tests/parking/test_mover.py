@@ -8,6 +8,7 @@ import xxhash
 
 from agentpark import integrity
 from agentpark.dma import HostCopyTransfer
+from agentpark.dma.host_copy import LastRestorePath
 from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
 from agentpark.parking.mover import EnginePool, Mover
 from agentpark.tiers.dram import DramTier
@@ -21,7 +22,7 @@ def setup(request: pytest.FixtureRequest) -> tuple[ReferenceEngine, DramTier, Mo
     scratch = DramTier(engine.geometry, engine.geometry.total_bytes)
     (buf,) = scratch.buffers()
     buf[...] = np.random.default_rng(5).integers(0, 2**16, size=buf.shape, dtype=np.uint16)
-    dma = HostCopyTransfer(copy_threads=threads, in_place=in_place)
+    dma = HostCopyTransfer(copy_threads=threads, in_place=in_place, observer=LastRestorePath())
     dma.h2d(scratch, list(range(32)), engine, list(range(32)))
     tier = DramTier(engine.geometry, 16 * engine.geometry.block_nbytes)
     mover = Mover(engine.geometry, [tier], dma, frozenset({"dram"}))
@@ -54,7 +55,9 @@ def test_a_flipped_byte_fails_the_restore_whole_or_prefix(
     tier.buffers()[0][3].view(np.uint8).flat[11] ^= 4  # the last parked block
     assert not mover.restore(tier, slots, slots, EnginePool(engine), [10, 11, 12, 13, 14], digest)
     assert isinstance(mover.transfer, HostCopyTransfer)
-    assert mover.transfer.last_restore_path == ("in place" if mover.transfer.in_place else "xla")
+    seen = mover.transfer.observer
+    assert isinstance(seen, LastRestorePath)
+    assert seen.last == ("in place" if mover.transfer.in_place else "xla")
     # A prefix restore cannot hash the whole copy as it goes: it verifies first.
     assert not mover.restore(tier, slots[:2], slots, EnginePool(engine), [10, 11], digest)
 

@@ -13,6 +13,10 @@ The digests are the same bytes, in the same order, as the fused path's (``xxh3p:
 copy parked with one path verifies with the other. xxhash and numpy's copies release the
 GIL on buffers of this size (measured: a Python loop keeps running beside them), so the two
 threads do run at once when the machine has a core free for the second.
+
+:class:`SpanLoop` is the copy loop of this strategy (agentpark.dma.host_copy.strategy):
+numpy's copies, a span at a time, each span posted to the job. The selector uses it for a
+checksummed copy of more than one span when ``dma.hash_thread`` is on and the thread is free.
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 
 from agentpark.blocks import contiguous_runs
+from agentpark.dma.host_copy import numpy_loop
+from agentpark.dma.host_copy.strategy import Chunk, PartCopy
 from agentpark.integrity import piece_digest
 
-__all__ = ["HashJob", "PieceHasher"]
+__all__ = ["HashJob", "PieceHasher", "SpanLoop"]
 
 
 class HashJob:
@@ -161,3 +168,42 @@ class PieceHasher:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="agentpark-hash")
             return self._executor
+
+
+class SpanLoop:
+    """numpy's copies a span (``span`` blocks, whole pieces) at a time, each span hashed
+    by ``job``: on a pause posted once copied, on a restore just before it is written, so
+    the two threads read it at once."""
+
+    def __init__(self, job: HashJob, span: int) -> None:
+        self.job = job
+        self.unit = span
+
+    def gather(self, chunk: Chunk) -> PartCopy:
+        return partial(_gather_spans, chunk, self.unit, self.job)
+
+    def scatter(self, chunk: Chunk) -> PartCopy:
+        steps = np.diff(chunk.ids) == 1  # where the pool ids run on
+        return partial(_scatter_spans, chunk, steps, self.unit, self.job)
+
+
+def _gather_spans(chunk: Chunk, span: int, job: HashJob, lo: int, hi: int) -> list[bytes]:
+    """Copy positions ``lo..hi`` of a chunk a span at a time, posting each copied span
+    (positions in the whole copy: ``chunk.offset`` is the chunk's) to the hash thread."""
+    for a in range(lo, hi, span):
+        b = min(a + span, hi)
+        numpy_loop.gather_rows(chunk.pool, chunk.tier, chunk.ids, chunk.slots, 0, a, b)
+        job.post(chunk.offset + a, chunk.offset + b)
+    return []
+
+
+def _scatter_spans(
+    chunk: Chunk, steps: np.ndarray, span: int, job: HashJob, lo: int, hi: int
+) -> list[bytes]:
+    """Copy positions ``lo..hi`` of a chunk a span at a time, posting each span to the
+    hash thread just before writing it, so the two read it at once."""
+    for a in range(lo, hi, span):
+        b = min(a + span, hi)
+        job.post(chunk.offset + a, chunk.offset + b)
+        numpy_loop.scatter_rows(chunk.pool, chunk.tier, chunk.ids, steps, chunk.slots, 0, a, b)
+    return []

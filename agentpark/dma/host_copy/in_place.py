@@ -4,7 +4,7 @@ On JAX's CPU platform a pool array's buffer is ordinary host memory, so the rest
 the mirror of the pause: numpy copies from the tier into writable views over the pool
 arrays' buffers (built from ``unsafe_buffer_pointer()`` and ``nbytes``), each 1 MiB piece
 hashed then copied, split over ``dma.copy_threads`` threads in whole pieces. XLA's donated
-writes (the other restore path, agentpark.dma.host_copy) are one copy on one thread.
+writes (the other restore path, agentpark.dma.host_copy.xla) are one copy on one thread.
 
 Why writing behind XLA's back is safe here. Everything below happens under ``engine.lock``,
 which every reader and writer of the pool holds (EngineAdapter), from :func:`hold` until
