@@ -190,7 +190,7 @@ def test_jax_memkind_fails_the_bench_on_a_restore_that_is_not_bit_exact(
     consoles: Consoles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     Corrupting = _corrupting_restores(JaxMemkindTransfer, monkeypatch)
-    real_select = daemon_parts.select_transfer
+    real_select = agentpark.dma.select_transfer
 
     def select(backend: str, **kwargs: Any) -> Any:
         real = real_select(backend, **kwargs)  # the real platform check
