@@ -23,10 +23,10 @@ import pytest
 from starlette.routing import Match
 
 from agentpark import cli
+from agentpark.app import create_app
 from agentpark.cli.serve import run_serve
 from agentpark.cli.tokens import token_import
 from agentpark.cli.vllm import run_vllm_serve
-from agentpark.app import create_app
 from agentpark.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from agentpark import cli
-from agentpark.cli.serve import tokens_allow_bind
 from agentpark.auth import TOKEN_ENV, TokenStore, hash_token, is_loopback
+from agentpark.cli.serve import tokens_allow_bind
 from agentpark.client import TOKEN_ENV as CLIENT_TOKEN_ENV
 from agentpark.config import load_settings
 from agentpark.errors import UnauthenticatedError

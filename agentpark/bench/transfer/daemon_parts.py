@@ -48,7 +48,8 @@ class Stack:
 
     @property
     def checksummed(self) -> bool:
-        """Whether the checksum-on rows are measured: host_copy's only (see the module doc)."""
+        """Whether the checksum-on rows are measured: host_copy's only (agentpark.bench.transfer
+        says why)."""
         return self.backend == "host_copy"
 
     @property

@@ -116,7 +116,7 @@ def bench_size(
             if path is not None:
                 stack.restore_paths.add(path)
             step("restore")
-            if checksummed:  # host_copy only (see the module doc)
+            if checksummed:  # host_copy only (see agentpark.bench.transfer)
                 parking.mover.checksum_tiers = frozenset({tier.name})
                 try:
                     measure("pause+xxh3", park, parking, session_id, tier.name)

@@ -105,7 +105,7 @@ def run_transfer_bench(
                 gc.collect()
         notes = notes_of(stack, tier, tier_dir, repeats)
     out.print(main_table(tier, results, copy_threads, backend))
-    if backend == "host_copy":  # the others: checksum off only (see the module doc)
+    if backend == "host_copy":  # the others: checksum off only (see agentpark.bench.transfer)
         out.print(checksum_table(results, copy_threads))
     out.print(copy_alone_table(results, copy_threads, backend, hash_thread))
     if backend == "host_copy":
