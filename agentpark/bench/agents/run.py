@@ -1,5 +1,5 @@
 """``run_agents_bench``: the same seeded workload under every policy, each on a fresh
-daemon, then the tables and verdict (the module doc of agentpark.bench.agents says what)."""
+daemon, then the tables and verdict (agentpark.bench.agents's docstring says what)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``run_transfer_bench``: check the arguments, build the parts, measure every size, print
-the tables, notes and verdicts (the module doc of agentpark.bench.transfer says what)."""
+the tables, notes and verdicts (agentpark.bench.transfer's docstring says what)."""
 
 from __future__ import annotations
 

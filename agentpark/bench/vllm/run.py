@@ -1,5 +1,5 @@
 """``run_vllm_bench``: make the model and the workload, then each run on a fresh vLLM
-server (and daemon), then the report (the module doc of agentpark.bench.vllm says what)."""
+server (and daemon), then the report (agentpark.bench.vllm's docstring says what)."""
 
 from __future__ import annotations
 
