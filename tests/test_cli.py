@@ -155,7 +155,7 @@ COMMANDS = [
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
 def test_config_goes_before_or_after_every_subcommand(command: list[str]) -> None:
-    parse = cli._parser().parse_args
+    parse = cli.build_parser().parse_args
     assert parse(command).config is None
     assert parse(["--config", "a.toml", *command]).config == Path("a.toml")
     assert parse([*command, "--config", "b.toml"]).config == Path("b.toml")

@@ -24,6 +24,9 @@ from starlette.routing import Match
 
 from agentpark import cli
 from agentpark.app import create_app
+from agentpark.cli.serve import run_serve
+from agentpark.cli.tokens import token_import
+from agentpark.cli.vllm import run_vllm_serve
 from agentpark.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +69,7 @@ def serves(tmp_path: Path) -> Callable[[str], bool]:
 def _cli(argv: list[str]) -> Any:
     """Parse a deployed command line with the real CLI parser (argv[0] is the program)."""
     assert PurePosixPath(argv[0]).name == "agentpark", argv
-    return cli.parse_args(cli._parser(), argv[1:])
+    return cli.parse_args(cli.build_parser(), argv[1:])
 
 
 # --- systemd -------------------------------------------------------------------------------
@@ -109,7 +112,7 @@ def test_unit_runs_serve_with_the_etc_config() -> None:
     argv = shlex.split(_one(service, "ExecStart"))
     assert argv[0].startswith("/"), "systemd wants an absolute program path"
     args = _cli(argv)
-    assert args.run is cli._serve
+    assert args.run is run_serve
     assert args.config == Path("/etc/agentpark/agentpark.toml")
     assert args.port is None, "the port comes from the config, like everywhere else"
 
@@ -126,7 +129,7 @@ def test_unit_imports_the_tokens_credential_before_serving(
     argv = shlex.split(_one(service, "ExecStartPre"))
     assert argv[0] == shlex.split(_one(service, "ExecStart"))[0]
     args = _cli(argv)
-    assert args.run is cli._token_import
+    assert args.run is token_import
     assert args.config == _cli(shlex.split(_one(service, "ExecStart"))).config
     assert str(args.file) == f"%d/{credential_id}", "%d: the unit's credentials directory"
     # What the import does with an empty credential, and with an export in it.
@@ -282,7 +285,7 @@ def test_containerfile_entrypoint_serves_on_all_interfaces(default_port: int) ->
     argv = json.loads(entrypoint)
     assert argv[:2] == ["agentpark", "serve"]
     args = _cli(argv)
-    assert args.run is cli._serve
+    assert args.run is run_serve
     assert args.host == "0.0.0.0"
     assert args.port in (None, default_port)
     assert _all("STOPSIGNAL") in ([], ["SIGTERM"])
@@ -447,7 +450,7 @@ def test_daemonset_runs_one_daemon_per_host_with_the_configmap() -> None:
     assert daemonset["spec"]["selector"]["matchLabels"].items() <= labels.items()
     container = _daemon()
     args = _cli(container["command"] + container.get("args", []))
-    assert args.run is cli._serve
+    assert args.run is run_serve
     assert args.host == "0.0.0.0"
     # --config names the file the ConfigMap volume puts there.
     config_volume = next(
@@ -513,7 +516,7 @@ def test_daemonset_imports_the_tokens_secret_before_the_daemon_starts(
     pod = _pod()
     (importer,) = [c for c in pod["initContainers"] if c["name"] == "token-import"]
     args = _cli(importer["command"] + importer.get("args", []))
-    assert args.run is cli._token_import
+    assert args.run is token_import
     daemon_args = _cli(_daemon()["command"] + _daemon().get("args", []))
     assert args.config == daemon_args.config
     # The same state dir as the daemon, on the same volume.
@@ -578,7 +581,7 @@ def test_daemonset_vllm_runs_the_connector_against_the_daemon(default_port: int)
 
     container = _vllm()
     args = _cli(container["command"] + container.get("args", []))
-    assert args.run is cli._vllm_serve
+    assert args.run is run_vllm_serve
     assert not args.no_connector
     daemon = urlsplit(args.daemon)
     # Containers of a pod share the network: loopback reaches the daemon's port.
@@ -630,7 +633,7 @@ def test_containerfile_vllm_entrypoint_is_the_launcher() -> None:
     (entrypoint,) = _all("ENTRYPOINT", CONTAINERFILE_VLLM)
     argv = json.loads(entrypoint)
     args = _cli([*argv, "/models/model"])
-    assert args.run is cli._vllm_serve
+    assert args.run is run_vllm_serve
     assert _all("USER", CONTAINERFILE_VLLM) == _all("USER"), "the daemon's user: shm is 0600"
     assert _all("EXPOSE", CONTAINERFILE_VLLM) == ["8000"]
     assert any(re.search(r"\bpip install \.(\s|$)", run) for run in _all("RUN", CONTAINERFILE_VLLM))

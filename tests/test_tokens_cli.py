@@ -14,6 +14,7 @@ import pytest
 
 from agentpark import cli
 from agentpark.auth import TOKEN_ENV, TokenStore, hash_token, is_loopback
+from agentpark.cli.serve import tokens_allow_bind
 from agentpark.client import TOKEN_ENV as CLIENT_TOKEN_ENV
 from agentpark.config import load_settings
 from agentpark.errors import UnauthenticatedError
@@ -243,13 +244,13 @@ def test_a_revoked_token_does_not_count_for_the_bind_and_an_active_one_does(
     settings = load_settings(config).model_copy(
         update={"server": load_settings(config).server.model_copy(update={"host": "0.0.0.0"})}
     )
-    assert cli._tokens_allow_bind(settings) is False
+    assert tokens_allow_bind(settings) is False
     _, out, _ = _run(capsys, "token", "create", "--config", str(config), "--tenant", "a",
                      "--scope", "sessions")  # fmt: skip
-    assert cli._tokens_allow_bind(settings) is True
+    assert tokens_allow_bind(settings) is True
     _run(capsys, "token", "revoke", "--config", str(config), out.split("_")[1])
-    assert cli._tokens_allow_bind(settings) is False
+    assert tokens_allow_bind(settings) is False
     loopback = settings.model_copy(
         update={"server": settings.server.model_copy(update={"host": "127.0.0.1"})}
     )
-    assert cli._tokens_allow_bind(loopback) is True
+    assert tokens_allow_bind(loopback) is True

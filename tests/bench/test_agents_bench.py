@@ -13,7 +13,8 @@ import pytest
 from rich.console import Console
 
 from agentpark.bench import agents as bench
-from agentpark.bench import agents_report
+from agentpark.bench.agents import agent, plot
+from agentpark.bench.agents.setup import make_setup
 from agentpark.cli import main
 from agentpark.config import ModelSettings
 from tests.harness import wait_until
@@ -88,14 +89,14 @@ def test_tiny_bench_runs_all_four_policies_and_prints_their_metrics(tmp_path: Pa
 def test_an_agent_that_does_not_finish_its_turns_fails_the_bench(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = bench._Agent._tool_starts
+    real = agent.Agent._tool_starts
 
-    def broken(self: bench._Agent, call: bench.ToolCall) -> None:
+    def broken(self: agent.Agent, call: bench.ToolCall) -> None:
         if self.plan.index == 1:
             raise RuntimeError("the tool crashed")
         real(self, call)
 
-    monkeypatch.setattr(bench._Agent, "_tool_starts", broken)
+    monkeypatch.setattr(agent.Agent, "_tool_starts", broken)
     code, text = _run(policies=[bench.ALWAYS_PARK])
     assert code == 1, text
     assert "FAIL always-park: agent 1: RuntimeError: the tool crashed" in text
@@ -106,8 +107,8 @@ def test_without_matplotlib_the_plot_is_skipped_with_a_note(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    setup = bench._setup(TINY, TINY_MODEL, 16, tmp_path, tmp_path, 60.0, 0.05)
-    note = agents_report._plot([], tmp_path / "plot.png", setup)
+    setup = make_setup(TINY, TINY_MODEL, 16, tmp_path, tmp_path, 60.0, 0.05)
+    note = plot.plot_pool([], tmp_path / "plot.png", setup)
     assert "matplotlib is not installed" in note
     assert not (tmp_path / "plot.png").exists()
 

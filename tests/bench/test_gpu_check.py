@@ -69,7 +69,7 @@ def test_the_bench_command_is_one_the_cli_accepts() -> None:
     (line,) = [ln for ln in text.splitlines() if "bench transfer" in ln]
     argv = shlex.split(line)
     argv = argv[argv.index("bench") :]
-    args = cli.parse_args(cli._parser(), argv)
+    args = cli.parse_args(cli.build_parser(), argv)
     assert args.backend == "jax_memkind" and args.tier == "dram"
     assert args.sizes == "256MiB,1GiB" and args.repeats == 5
     assert "timeout" in line  # never hangs the lent machine

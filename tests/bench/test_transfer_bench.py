@@ -15,6 +15,7 @@ import pytest
 import agentpark.dma
 from agentpark.bench import transfer as bench
 from agentpark.bench.common import filesystem_of, first_mismatch
+from agentpark.bench.transfer import daemon_parts, geometry, run, verdicts
 from agentpark.dma.host_copy import HostCopyTransfer
 from agentpark.dma.jax_memkind import JaxMemkindTransfer
 
@@ -174,14 +175,14 @@ def _corrupting_restores(base: type[T], monkeypatch: pytest.MonkeyPatch) -> type
                 engine.set_kv_pool([pool.at[block_ids[0], 0, 0, 0, 0, 0].add(1)])
             return got
 
-    real_stack_build = bench._Stack.build
+    real_stack_build = daemon_parts.Stack.build
 
-    def build(*args: Any, **kwargs: Any) -> bench._Stack:
+    def build(*args: Any, **kwargs: Any) -> daemon_parts.Stack:
         stack = real_stack_build(*args, **kwargs)
         engine_tier[0] = stack.tier
         return stack
 
-    monkeypatch.setattr(bench._Stack, "build", build)
+    monkeypatch.setattr(daemon_parts.Stack, "build", build)
     return Corrupting
 
 
@@ -189,13 +190,13 @@ def test_jax_memkind_fails_the_bench_on_a_restore_that_is_not_bit_exact(
     consoles: Consoles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     Corrupting = _corrupting_restores(JaxMemkindTransfer, monkeypatch)
-    real_select = bench.select_transfer
+    real_select = agentpark.dma.select_transfer
 
     def select(backend: str, **kwargs: Any) -> Any:
         real = real_select(backend, **kwargs)  # the real platform check
         return Corrupting() if backend == "jax_memkind" else real
 
-    monkeypatch.setattr(bench, "select_transfer", select)
+    monkeypatch.setattr(daemon_parts, "select_transfer", select)
     code = bench.run_transfer_bench(
         [1 * MiB],
         repeats=1,
@@ -212,15 +213,15 @@ def test_verdict_judges_jax_memkind_against_the_pinned_put() -> None:
     big = 256 * MiB
     near = bench.SizeResult(big, "dram", pause_s=[1.0], restore_s=[1.0], backend="jax_memkind")
     near.copy_before_pause_s, near.copy_before_restore_s = [0.92], [0.95]
-    assert bench._verdict("dram", [near], "jax_memkind").endswith("met")  # 0.92 >= 0.9
+    assert verdicts.verdict("dram", [near], "jax_memkind").endswith("met")  # 0.92 >= 0.9
     far = bench.SizeResult(big, "dram", pause_s=[1.0], restore_s=[1.0], backend="jax_memkind")
     far.copy_before_pause_s, far.copy_before_restore_s = [0.95], [0.85]
-    verdict = bench._verdict("dram", [far], "jax_memkind")
+    verdict = verdicts.verdict("dram", [far], "jax_memkind")
     assert "MISSED: restore at 256 MiB (0.85)" in verdict and "pause at" not in verdict
     assert "ratio >= 0.9 of a plain pinned jax.device_put" in verdict
     # The same figures judged as host_copy's (0.95 of np.copyto) miss the pause.
     as_host_copy = dataclasses.replace(near, backend="host_copy")
-    assert bench._verdict("dram", [as_host_copy]).endswith("MISSED: pause at 256 MiB (0.92)")
+    assert verdicts.verdict("dram", [as_host_copy]).endswith("MISSED: pause at 256 MiB (0.92)")
 
 
 def test_copy_threads_add_ratios_to_a_threaded_memcpy(consoles: Consoles) -> None:
@@ -344,7 +345,7 @@ def test_tier_files_are_removed_when_the_bench_fails(
         seen.extend(directory.rglob("*"))  # the tier file exists while the bench runs
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(bench, "_bench_size", boom)
+    monkeypatch.setattr(run, "bench_size", boom)
     with pytest.raises(RuntimeError, match="injected failure"):
         bench.run_transfer_bench(
             [1 * MiB],
@@ -367,7 +368,7 @@ def test_a_restore_that_is_not_bit_exact_fails_the_bench(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     Corrupting = _corrupting_restores(HostCopyTransfer, monkeypatch)
-    monkeypatch.setattr(bench, "HostCopyTransfer", Corrupting)
+    monkeypatch.setattr(daemon_parts, "HostCopyTransfer", Corrupting)
     directory = _directory(tier, shm_parent, disk_parent)
     code = bench.run_transfer_bench(
         [1 * MiB],
@@ -469,10 +470,10 @@ def test_unmeasurable_arguments_exit_2(
 
 
 def test_block_size_divides_every_size() -> None:
-    token = bench.TOKEN_BYTES
-    assert bench._block_tokens([64 * MiB, 256 * MiB, 1 << 30]) == bench.MAX_BLOCK_TOKENS
-    assert bench._block_tokens([3 * token, 64 * MiB]) == 1
-    assert bench._block_tokens([48 * token]) == 16
+    token = geometry.TOKEN_BYTES
+    assert geometry.block_tokens([64 * MiB, 256 * MiB, 1 << 30]) == geometry.MAX_BLOCK_TOKENS
+    assert geometry.block_tokens([3 * token, 64 * MiB]) == 1
+    assert geometry.block_tokens([48 * token]) == 16
 
 
 def test_verdict_judges_disk_against_the_plain_file() -> None:
@@ -480,16 +481,16 @@ def test_verdict_judges_disk_against_the_plain_file() -> None:
     fast = bench.SizeResult(big, "disk", pause_s=[1.0], restore_s=[1.0])
     fast.copy_before_pause_s = fast.copy_before_restore_s = [0.1]  # memcpy 10x faster
     fast.file_write_s, fast.file_read_s = [1.1], [0.9]
-    assert bench._verdict("disk", [fast]).endswith("met")
+    assert verdicts.verdict("disk", [fast]).endswith("met")
     slow = bench.SizeResult(big, "disk", pause_s=[2.0], restore_s=[1.0])
     slow.copy_before_pause_s = slow.copy_before_restore_s = [1.0]
     slow.file_write_s, slow.file_read_s = [1.0], [1.0]
-    assert "MISSED: pause/file write at 256 MiB (0.50)" in bench._verdict("disk", [slow])
+    assert "MISSED: pause/file write at 256 MiB (0.50)" in verdicts.verdict("disk", [slow])
     dram = bench.SizeResult(big, "dram", pause_s=[1.0], restore_s=[1.0])
     dram.copy_before_pause_s, dram.copy_before_restore_s = [0.8], [0.96]
-    assert "MISSED: pause at 256 MiB (0.80)" in bench._verdict("dram", [dram])
-    assert "restore" not in bench._verdict("dram", [dram]).split("MISSED")[1]
+    assert "MISSED: pause at 256 MiB (0.80)" in verdicts.verdict("dram", [dram])
+    assert "restore" not in verdicts.verdict("dram", [dram]).split("MISSED")[1]
     # With the checksum on: judged against the same single-thread np.copyto.
     on = dram.op("pause+xxh3")
     on.s, on.ref1 = [1.0], [0.7]
-    assert "pause+xxh3 at 256 MiB (0.70)" in bench._verdict("dram", [dram])
+    assert "pause+xxh3 at 256 MiB (0.70)" in verdicts.verdict("dram", [dram])

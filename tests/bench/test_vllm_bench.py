@@ -10,14 +10,13 @@ from agentpark.bench.vllm import (
     RunResult,
     TurnResult,
     VllmBenchSpec,
-    _differs,
-    _print,
-    _quantile,
     breakdown,
     decisions,
     failed,
     mark_restored,
 )
+from agentpark.bench.vllm.compare import differs
+from agentpark.bench.vllm.report import print_report, quantile
 
 
 def _turn(
@@ -55,8 +54,8 @@ def test_differs_counts_tokens_and_logprobs_separately() -> None:
     rounded = RunResult(
         "plain", 1.0, [_turn(0, 0, ["a", "b"], [-1.0, -2.0000001]), _turn(0, 1, ["d"], [-0.5])]
     )
-    assert _differs(same, reference) == (0, 0)
-    assert _differs(rounded, reference) == (1, 1)
+    assert differs(same, reference) == (0, 0)
+    assert differs(rounded, reference) == (1, 1)
 
 
 def test_restored_turns_come_from_the_daemons_resume_events() -> None:
@@ -124,7 +123,7 @@ def test_differences_are_split_by_kind_of_turn() -> None:
     }
 
 
-def test_only_the_exact_mode_fails_on_a_restored_turn_that_differs() -> None:
+def test_only_the_exact_mode_fails_on_a_restored_turn_thatdiffers() -> None:
     reference = RunResult(
         "reference", 1.0, [_turn(0, 0, ["x"], [-1.0]), _turn(0, 1, ["x"], [-1.0])]
     )
@@ -154,9 +153,9 @@ def test_only_the_exact_mode_fails_on_a_restored_turn_that_differs() -> None:
 
 
 def test_quantile_of_nothing_is_nan() -> None:
-    assert _quantile([3.0, 1.0, 2.0], 0.5) == 2.0
-    assert _quantile([1.0, 2.0], 0.99) == 2.0
-    assert _quantile([], 0.5) != _quantile([], 0.5)  # nan
+    assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert quantile([1.0, 2.0], 0.99) == 2.0
+    assert quantile([], 0.5) != quantile([], 0.5)  # nan
 
 
 def test_table_shows_every_run_and_the_ratios(capsys: pytest.CaptureFixture[str]) -> None:
@@ -172,7 +171,7 @@ def test_table_shows_every_run_and_the_ratios(capsys: pytest.CaptureFixture[str]
         [_turn(0, 0, *tokens), _turn(0, 1, *tokens, ttft_s=0.2)],
         host={"counters": {"bytes_parked": 3 << 20, "bytes_restored": 2 << 20}},
     )
-    _print([reference, plain, parked], spec, 48)
+    print_report([reference, plain, parked], spec, 48)
     out = capsys.readouterr().out
     for text in ("reference", "plain", "agentpark", "3 / 2 MiB", "2,100", "1,100"):
         assert text in out, text

@@ -1,4 +1,6 @@
-"""The tables, verdict and plot of ``agentpark bench agents`` (see agentpark.bench.agents)."""
+"""The tables and verdict of ``agentpark bench agents``: the workload, each policy's
+figures, what the daemon did, whether the parking policies' tokens equal keep-all's, and
+the targets."""
 
 from __future__ import annotations
 
@@ -11,22 +13,25 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from agentpark.bench.agents import (
+from agentpark.bench.agents.plot import plot_pool
+from agentpark.bench.agents.results import PolicyResult
+from agentpark.bench.agents.setup import Setup
+from agentpark.bench.agents.timeline import undone_pressure_parks
+from agentpark.bench.agents.workload import (
     ADAPTIVE,
     ALWAYS_PARK,
     KEEP_ALL,
     PARKING_POLICIES,
     RECOMPUTE,
-    TARGET_VS_KEEP_ALL,
-    TARGET_VS_PARK_SLOWER,
-    TARGET_VS_RECOMPUTE,
-    PolicyResult,
-    Setup,
-    undone_pressure_parks,
 )
 from agentpark.bench.common import MiB
 
 __all__ = ["print_workload", "report"]
+
+# Targets (DESIGN.md section 10, issue 4): adaptive's makespan against the others'.
+TARGET_VS_KEEP_ALL = 1.5  # at least this much faster
+TARGET_VS_RECOMPUTE = 1.2  # at least this much faster
+TARGET_VS_PARK_SLOWER = 0.05  # at most this much slower
 
 
 def print_workload(out: Console, setup: Setup) -> None:
@@ -183,7 +188,7 @@ def report(out: Console, setup: Setup, results: Sequence[PolicyResult], plot: Pa
     for line in _verdict(by_policy):
         out.print(line, soft_wrap=True, highlight=False)
     if plot is not None:
-        out.print(_plot(results, plot, setup), soft_wrap=True, highlight=False)
+        out.print(plot_pool(results, plot, setup), soft_wrap=True, highlight=False)
     for p in problems[:50]:
         out.print(f"[red]FAIL[/red] {escape(p)}", soft_wrap=True, highlight=False)
     if len(problems) > 50:
@@ -217,48 +222,3 @@ def _verdict(by_policy: dict[str, PolicyResult]) -> list[str]:
             f"{how} ({met})"
         )
     return lines
-
-
-def _plot(results: Sequence[PolicyResult], path: Path, setup: Setup) -> str:
-    """Sessions holding KV in the pool, and parked KV, over time; a note without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return (
-            f"plot: skipped ({path} not written): matplotlib is not installed "
-            "(pip install 'agentpark[bench]')"
-        )
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
-    for r in results:
-        if not r.timeline:
-            continue
-        xs = [t for t, _ in r.timeline] + [r.makespan_s]
-        ys = [n for _, n in r.timeline] + [r.timeline[-1][1]]
-        top.step(xs, ys, where="post", label=f"{r.policy} ({r.makespan_s:.1f}s)", linewidth=1.2)
-        if r.samples:
-            bottom.plot(
-                [t - r.t0 for t, *_ in r.samples],
-                [reclaimed / MiB for *_, reclaimed in r.samples],
-                label=r.policy,
-                linewidth=1.2,
-            )
-    spec = setup.spec
-    top.set_ylabel("agents holding KV in the pool")
-    top.set_title(
-        f"{spec.agents} agents x {spec.turns} turns on a pool of {setup.pool_blocks} blocks "
-        f"(agents' KV = {spec.pool_ratio:g}x the pool)"
-    )
-    top.legend(loc="upper right")
-    top.grid(alpha=0.3)
-    bottom.set_ylabel("parked KV, HBM reclaimed (MiB)")
-    bottom.set_xlabel("seconds since the agents started")
-    bottom.legend(loc="upper right")
-    bottom.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return f"plot: {path}"

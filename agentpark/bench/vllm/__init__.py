@@ -1,0 +1,57 @@
+"""``agentpark bench vllm``: agents on one real vLLM server whose KV cache is too small for
+them all: plain vLLM, vLLM with agentpark, and a roomy plain reference.
+
+**Workload** (seeded; the same requests in every run). N agents start together. Agent *i*
+sends a system prompt and a task (``context`` tokens of standard-library text in all, drawn
+per agent), then plays ``turns`` turns: a turn is one streamed, greedy chat completion of
+``new_tokens`` tokens (``ignore_eos``); between two turns the agent runs a tool: the client
+writes the assistant's tool call itself (a random-weight model never emits a parseable one,
+and an orchestrator replays the same), waits the tool's drawn pause (log-normal around the
+tool's median, times ``time_scale``) and appends the tool's result (``result`` tokens of
+text). The model's own answers are recorded, not fed back, so every run sends the very same
+prompts and the tokens of a turn can be compared across runs. Each request names its
+session in ``kv_transfer_params.agentpark`` with the tool that follows and its median as
+``expected_resume_s`` (ignored by plain vLLM).
+
+**Runs.** ``reference``: plain vLLM, prefix caching on, a KV cache with room for every
+agent: its cache hits are the exact keep-all. ``plain``: the same under pressure
+(``--num-gpu-blocks-override``, default: room for about 1.5 agents at their longest): idle
+agents' blocks are evicted and recomputed. ``agentpark``: the same pressure with agentpark's
+connector and a daemon in vLLM mode (a child process, temporary state dir and pool):
+parked sessions are restored instead. Each run gets a fresh server (and daemon).
+
+**Figures** per run: prefill tokens computed (sum of ``usage.prompt_tokens -
+prompt_tokens_details.cached_tokens``), p50/p99 time to first token of the turns after a
+tool returned (from the end of the pause to the first streamed token), makespan (first
+request to last answer), bytes parked and restored (the daemon's ``/v1/host`` counters), and
+turns whose tokens differ from the reference's (tokens, then logprobs to the bit). Plain's
+recomputed turns may differ by rounding (batched prefill and decode round differently):
+they are counted, not hidden; so are agentpark's later turns that vLLM computed (a kept
+session whose blocks it evicted). Which turns agentpark restored comes from the daemon's
+``resume`` events. Batched (vLLM's default ``--max-num-seqs``) the servers batch the same
+requests differently, and that alone moves logprobs and now and then a greedy token, first
+turns included (nothing cached or restored there): those differences are printed per kind
+of turn, not judged. ``--max-num-seqs 1`` runs one request at a time, so every run batches
+alike: the exactness check, where a restored turn must equal the reference to the bit. The
+bench exits 1 when a request failed or, in that mode, a restored turn differs.
+"""
+
+# The package, one job a module, arrows down: run (the bench, one run) -> drive (the agents
+# over the OpenAI API), daemon (the agentpark daemon child), report -> compare (turns against
+# the reference) -> workload, results -> spec.
+from agentpark.bench.vllm.compare import breakdown, decisions, failed, mark_restored
+from agentpark.bench.vllm.results import RunResult, TurnResult
+from agentpark.bench.vllm.run import run_vllm_bench
+from agentpark.bench.vllm.spec import RUNS, VllmBenchSpec
+
+__all__ = [
+    "RUNS",
+    "RunResult",
+    "TurnResult",
+    "VllmBenchSpec",
+    "breakdown",
+    "decisions",
+    "failed",
+    "mark_restored",
+    "run_vllm_bench",
+]

@@ -1,0 +1,43 @@
+"""What one turn and one run of ``agentpark bench vllm`` measured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RunResult", "TurnResult"]
+
+
+@dataclass
+class TurnResult:
+    agent: int
+    turn: int
+    after_tool: bool
+    ttft_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    tokens: list[str]
+    logprobs: list[float]
+    error: str | None = None
+    # Bytes agentpark restored into this turn (from the daemon's events after the run:
+    # streamed responses carry no kv_transfer_params in vLLM 0.32).
+    restored_bytes: int = 0
+
+
+@dataclass
+class RunResult:
+    name: str
+    makespan_s: float
+    turns: list[TurnResult]
+    host: dict[str, Any] = field(default_factory=dict)
+    decisions: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def prefill_computed(self) -> int:
+        return sum(t.prompt_tokens - t.cached_tokens for t in self.turns)
+
+    def ttfts(self) -> list[float]:
+        return [t.ttft_s for t in self.turns if t.after_tool and t.error is None]
+
+    def errors(self) -> list[TurnResult]:
+        return [t for t in self.turns if t.error is not None]

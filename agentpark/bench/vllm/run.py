@@ -1,0 +1,111 @@
+"""``run_vllm_bench``: make the model and the workload, then each run on a fresh vLLM
+server (and daemon), then the report (agentpark.bench.vllm's docstring says what)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from agentpark.bench.vllm.compare import decisions, failed, mark_restored
+from agentpark.bench.vllm.daemon import BenchDaemon
+from agentpark.bench.vllm.drive import Clock, drive
+from agentpark.bench.vllm.report import print_report
+from agentpark.bench.vllm.results import RunResult
+from agentpark.bench.vllm.spec import BLOCK_SIZE, RUNS, VllmBenchSpec, kv_bytes_per_token
+from agentpark.bench.vllm.workload import AgentPlan, make_plans
+from agentpark.vllm_tools.process import VllmServer, free_port
+
+__all__ = ["run_vllm_bench"]
+
+
+def _run_one(
+    name: str,
+    model: Path,
+    work: Path,
+    plans: list[AgentPlan],
+    spec: VllmBenchSpec,
+    blocks: int,
+    clock: Clock,
+) -> RunResult:
+    daemon: BenchDaemon | None = None
+    server: VllmServer | None = None
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(spec.reference_kv_gib)}
+    extra: tuple[str, ...] = ("--max-model-len", str(spec.max_model_len))
+    if spec.max_num_seqs is not None:
+        extra += ("--max-num-seqs", str(spec.max_num_seqs))
+    try:
+        if name == "agentpark":
+            state = work / "daemon-state"
+            state.mkdir()
+            kv_bytes = kv_bytes_per_token(spec) * (spec.max_model_len + BLOCK_SIZE)
+            daemon = BenchDaemon(state, 2 * kv_bytes * spec.agents, spec.time_scale)
+            clock.say(f"{name}: starting the daemon ({daemon.url})")
+            daemon.wait_ready()
+        server = VllmServer(
+            python=Path(sys.executable),
+            model=model,
+            port=free_port(),
+            log_path=work / f"vllm-{name}.log",
+            daemon_url=daemon.url if daemon else None,
+            num_gpu_blocks=None if name == "reference" else blocks,
+            extra_args=extra,
+            env=env,
+        )
+        where = "room for every agent" if name == "reference" else f"{blocks} blocks"
+        clock.say(f"{name}: starting vLLM ({where})")
+        server.start()
+        clock.say(f"{name}: {len(plans)} agents x {spec.turns} turns")
+        makespan, turns = asyncio.run(drive(server, plans, spec, clock))
+        host = daemon.host() if daemon else {}
+        events = daemon.events() if daemon else []
+        mark_restored(turns, events, [plan.session_id for plan in plans])
+        return RunResult(name, makespan, turns, host, decisions(events))
+    finally:
+        if server is not None:
+            server.stop()
+        if daemon is not None:
+            daemon.stop()
+
+
+def run_vllm_bench(
+    spec: VllmBenchSpec, runs: Sequence[str] = RUNS, model: Path | None = None
+) -> int:
+    """Run the bench and print its table; 1 if a request failed or agentpark's tokens differ."""
+    unknown = [r for r in runs if r not in RUNS]
+    if unknown or not runs:
+        print(f"agentpark bench vllm: unknown runs {unknown}; choose from {RUNS}", file=sys.stderr)
+        return 2
+    clock = Clock()
+    with tempfile.TemporaryDirectory(prefix="agentpark-bench-vllm-") as tmp:
+        work = Path(tmp)
+        from transformers import AutoTokenizer
+
+        if model is None:
+            from agentpark.vllm_tools.model import ModelSpec, make_model
+
+            clock.say(f"making the model ({spec.layers} layers, hidden {spec.hidden})")
+            model = make_model(
+                work / "model",
+                ModelSpec(
+                    layers=spec.layers,
+                    hidden=spec.hidden,
+                    heads=spec.heads,
+                    max_positions=spec.max_model_len,
+                    seed=spec.seed,
+                ),
+                progress=lambda line: clock.say(f"  {line}"),
+            )
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        plans = make_plans(spec, tokenizer)
+        blocks = spec.blocks or math.ceil(1.5 * spec.max_model_len / BLOCK_SIZE)
+        clock.say(f"workload: {spec.agents} agents, {spec.turns} turns, seed {spec.seed}")
+        results = []
+        for name in [r for r in RUNS if r in runs]:
+            results.append(_run_one(name, Path(model), work, plans, spec, blocks, clock))
+            clock.say(f"{name}: done in {results[-1].makespan_s:.1f} s")
+    print_report(results, spec, blocks)
+    return 1 if failed(results, spec) else 0

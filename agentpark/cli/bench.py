@@ -1,0 +1,250 @@
+"""``agentpark bench transfer | resume | control | connector-control | agents | vllm``: the
+flags of each benchmark, and the call into its package (imported only when it runs: the
+benches pull in JAX, vLLM's client or rich)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from agentpark.cli.common import Commands, Subparsers
+
+__all__ = [
+    "add_bench_commands",
+    "bench_agents",
+    "bench_connector",
+    "bench_control",
+    "bench_resume",
+    "bench_transfer",
+    "bench_vllm",
+    "parse_size",
+]
+
+
+def add_bench_commands(commands: Commands, sub: Subparsers[argparse.ArgumentParser]) -> None:
+    bench_sub = commands.group(
+        sub, "bench", "benchmarks", help="benchmarks (print ratios measured in one run)"
+    )
+    _add_transfer(commands, bench_sub)
+    resume = commands.add(
+        bench_sub, "resume", help="resume from dram and shm vs re-prefill from the token log"
+    )
+    resume.add_argument(
+        "--contexts", default="1024,4096,16384", help="comma-separated context lengths (tokens)"
+    )
+    resume.add_argument("--repeats", type=int, default=3, help="runs per context (median)")
+    resume.set_defaults(run=bench_resume)
+    control = commands.add(
+        bench_sub,
+        "control",
+        help="get/list/pause/resume//v1/host latency p50/p99 with many sessions, over HTTP",
+    )
+    control.add_argument("--sessions", type=int, default=10_000, help="sessions to create")
+    control.add_argument("--samples", type=int, default=500, help="timed calls per operation")
+    control.add_argument("--seed", type=int, default=0, help="which sessions are sampled")
+    control.set_defaults(run=bench_control)
+    connector = commands.add(
+        bench_sub,
+        "connector-control",
+        help="the vLLM connector's control calls (match, park, restore) p50/p99 over the "
+        "daemon's unix socket, with many parked sessions",
+    )
+    connector.add_argument("--sessions", type=int, default=1000, help="parked sessions")
+    connector.add_argument("--samples", type=int, default=2000, help="timed calls per operation")
+    connector.add_argument("--tokens", type=int, default=2048, help="tokens per session")
+    connector.set_defaults(run=bench_connector)
+    _add_agents(commands, bench_sub)
+    _add_vllm(commands, bench_sub)
+
+
+def _add_transfer(commands: Commands, bench_sub: Subparsers[argparse.ArgumentParser]) -> None:
+    transfer = commands.add(
+        bench_sub, "transfer", help="pause/restore GB/s vs np.copyto at 64 MiB, 256 MiB, 1 GiB"
+    )
+    transfer.add_argument(
+        "--tier", choices=("dram", "shm", "disk"), default="dram", help="tier to park into"
+    )
+    transfer.add_argument(
+        "--sizes", default="64MiB,256MiB,1GiB", help="comma-separated KV sizes per session"
+    )
+    transfer.add_argument("--repeats", type=int, default=5, help="runs per size (median)")
+    transfer.add_argument(
+        "--copy-threads",
+        type=int,
+        default=1,
+        help="host_copy's dma.copy_threads; >1 adds ratios to an np.copyto over that many threads",
+    )
+    transfer.add_argument(
+        "--hash-thread",
+        action="store_true",
+        help="host_copy's dma.hash_thread: the checksum is hashed on a second thread while "
+        "the copy runs (the copy-alone table times the other path too)",
+    )
+    transfer.add_argument(
+        "--no-native-copy",
+        dest="native_copy",
+        action="store_false",
+        help="host_copy's dma.native_copy = false: numpy copies and xxhash instead of the "
+        "native kernel (the copy-alone tables time both either way, where it is built)",
+    )
+    transfer.add_argument(
+        "--backend",
+        choices=("host_copy", "jax_memkind", "tpu_sync"),
+        default="host_copy",
+        help="DMA backend: jax_memkind moves blocks device <-> pinned_host with "
+        "jax.device_put and is judged against a plain pinned device_put of the same bytes "
+        "(the GPU check, deploy/gpu-check.sh; on JAX's CPU platform too); tpu_sync runs TPU "
+        "Sync's KVCacheManager (agentpark[tpu]; on JAX's CPU platform too); both dram tier "
+        "only, --copy-threads 1 only",
+    )
+    transfer.add_argument(
+        "--dir",
+        type=Path,
+        help="where the tier's temporary directory goes (disk: default the current "
+        "directory, never tmpfs; shm: default /dev/shm)",
+    )
+    transfer.set_defaults(run=bench_transfer)
+
+
+def _add_agents(commands: Commands, bench_sub: Subparsers[argparse.ArgumentParser]) -> None:
+    agents = commands.add(
+        bench_sub,
+        "agents",
+        help="N agents with tool calls on one pool: keep-all, always-recompute, always-park "
+        "and the adaptive policy, on a real daemon",
+    )
+    agents.add_argument("--agents", type=int, default=24, help="concurrent agents (default 24)")
+    agents.add_argument("--turns", type=int, default=8, help="turns per agent (default 8)")
+    agents.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    agents.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.1,
+        help="multiplies every tool duration and the policy's times (default 0.1)",
+    )
+    agents.add_argument(
+        "--pool-ratio",
+        type=float,
+        default=3.0,
+        help="the agents' KV at their final lengths over the pool size (default 3)",
+    )
+    agents.add_argument(
+        "--policies",
+        default="keep-all,always-recompute,always-park,adaptive",
+        help="comma-separated policies to run, in order",
+    )
+    agents.add_argument(
+        "--plot",
+        type=Path,
+        default=Path("bench-agents.png"),
+        help="PNG of sessions in the pool over time (needs matplotlib: the bench extra)",
+    )
+    agents.set_defaults(run=bench_agents)
+
+
+def _add_vllm(commands: Commands, bench_sub: Subparsers[argparse.ArgumentParser]) -> None:
+    bench_vllm_parser = commands.add(
+        bench_sub,
+        "vllm",
+        help="agents on one vLLM with too small a KV cache: plain, with agentpark, and a roomy "
+        "plain reference (needs agentpark[vllm])",
+    )
+    add = bench_vllm_parser.add_argument
+    add("--agents", type=int, default=6, help="concurrent agents (default 6)")
+    add("--turns", type=int, default=4, help="turns per agent (default 4)")
+    add("--seed", type=int, default=0, help="workload seed (default 0)")
+    add("--time-scale", type=float, default=0.5, help="multiplies every tool pause (default 0.5)")
+    add("--new-tokens", type=int, default=16, help="tokens generated per turn (default 16)")
+    add(
+        "--blocks",
+        type=int,
+        help="the small KV cache, in blocks of 128 tokens (default 48: 1.5 contexts of 4096)",
+    )
+    add(
+        "--max-num-seqs",
+        type=int,
+        help="vLLM's --max-num-seqs for every run (default: vLLM's); 1 runs one request at "
+        "a time, so every run batches alike and each turn must equal the reference's to "
+        "the bit (the exactness check)",
+    )
+    add("--model", type=Path, help="a model dir (default: make-model, 8 layers, hidden 512)")
+    add("--runs", default="reference,plain,agentpark", help="comma-separated runs, in order")
+    bench_vllm_parser.set_defaults(run=bench_vllm)
+
+
+def bench_transfer(args: argparse.Namespace) -> int:
+    from agentpark.bench.transfer import run_transfer_bench
+
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    return run_transfer_bench(
+        sizes,
+        repeats=args.repeats,
+        tier=args.tier,
+        directory=args.dir,
+        copy_threads=args.copy_threads,
+        backend=args.backend,
+        hash_thread=args.hash_thread,
+        native_copy=args.native_copy,
+    )
+
+
+def bench_resume(args: argparse.Namespace) -> int:
+    from agentpark.bench.resume import run_resume_bench
+
+    try:
+        contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
+    except ValueError:
+        raise SystemExit(f"agentpark: cannot read --contexts {args.contexts!r}") from None
+    return run_resume_bench(contexts, repeats=args.repeats)
+
+
+def bench_control(args: argparse.Namespace) -> int:
+    from agentpark.bench.control import run_control_bench
+
+    return run_control_bench(args.sessions, samples=args.samples, seed=args.seed)
+
+
+def bench_connector(args: argparse.Namespace) -> int:
+    from agentpark.bench.connector import run_connector_bench
+
+    return run_connector_bench(args.sessions, samples=args.samples, tokens=args.tokens)
+
+
+def bench_agents(args: argparse.Namespace) -> int:
+    from agentpark.bench.agents import WorkloadSpec, run_agents_bench
+
+    spec = WorkloadSpec(
+        agents=args.agents,
+        turns=args.turns,
+        seed=args.seed,
+        time_scale=args.time_scale,
+        pool_ratio=args.pool_ratio,
+    )
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    return run_agents_bench(spec, policies=policies, plot=args.plot)
+
+
+def bench_vllm(args: argparse.Namespace) -> int:
+    from agentpark.bench.vllm import VllmBenchSpec, run_vllm_bench
+
+    spec = VllmBenchSpec(
+        agents=args.agents,
+        turns=args.turns,
+        seed=args.seed,
+        time_scale=args.time_scale,
+        new_tokens=args.new_tokens,
+        blocks=args.blocks,
+        max_num_seqs=args.max_num_seqs,
+    )
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    return run_vllm_bench(spec, runs=runs, model=args.model)
+
+
+def parse_size(text: str) -> int:
+    """``64MiB``, ``1GiB``, ... as bytes; exits with a message for anything else."""
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        return int(TypeAdapter(ByteSize).validate_python(text.strip()))
+    except ValidationError:
+        raise SystemExit(f"agentpark: cannot read size {text!r} (e.g. 64MiB, 1GiB)") from None
