@@ -41,11 +41,11 @@ from agentpark.parking.core import CoreOptions, PauseOrder, SessionCore
 from agentpark.parking.mover import EnginePool, Mover
 from agentpark.parking.recovery import recover
 from agentpark.parking.registry import LiveSession
-from agentpark.policy.rules import SessionView, least_recently_used
 from agentpark.snapshot import PoolFigures
 from agentpark.store.models import SessionRow
 from agentpark.store.repository import SessionStore
 from agentpark.tiers.base import HostTier
+from agentpark.views import SessionView, least_recently_used
 
 __all__ = ["GenerateResult", "InProcessDriver", "in_process_core"]
 

@@ -29,7 +29,7 @@ import numpy as np
 from agentpark.blocks import PoolGeometry, paired_runs
 from agentpark.dma.base import Transfer
 from agentpark.engine.base import EngineAdapter
-from agentpark.enums import PARKING_TIERS, Medium, TierChoice
+from agentpark.enums import Medium, TierChoice
 from agentpark.errors import InvalidRequestError, TierFullError, TransferError
 from agentpark.integrity import checksum, fusable, matches
 from agentpark.tiers.base import BackendHeldTier, HostTier
@@ -133,13 +133,6 @@ class Mover:
             )
         return [tier]
 
-    def lower_tiers(self, name: str) -> list[str]:
-        """Enabled tiers below ``name`` in the demotion order."""
-        order = [str(t) for t in PARKING_TIERS]
-        if name not in order:
-            return []
-        return [t for t in order[order.index(name) + 1 :] if t in self.tiers]
-
     def reserve(
         self, owner: Hashable, candidates: Sequence[HostTier], n: int
     ) -> tuple[HostTier, list[int]]:
@@ -185,17 +178,13 @@ class Mover:
         self, src: EnginePool, ids: Sequence[int], dst: HostTier, slots: Sequence[int], hash: bool
     ) -> str | None:
         assert self.transfer is not None
-        if not hash:  # a backend written before ``digest`` existed still copies
-            return self.transfer.d2h(src.engine, ids, dst, slots)
-        return self.transfer.d2h(src.engine, ids, dst, slots, digest=True)
+        return self.transfer.d2h(src.engine, ids, dst, slots, digest=hash)
 
     def _host_to_device(
         self, src: HostTier, slots: Sequence[int], dst: EnginePool, ids: Sequence[int], hash: bool
     ) -> str | None:
         assert self.transfer is not None
-        if not hash:
-            return self.transfer.h2d(src, slots, dst.engine, ids)
-        return self.transfer.h2d(src, slots, dst.engine, ids, digest=True)
+        return self.transfer.h2d(src, slots, dst.engine, ids, digest=hash)
 
     def checksummed(self, tier: HostTier) -> bool:
         """Whether copies in ``tier`` get a checksum (``integrity.tiers``).

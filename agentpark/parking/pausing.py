@@ -30,10 +30,6 @@ __all__ = ["Pausing"]
 class Pausing(CoreBase):
     """ACTIVE -> PAUSING -> PARKED, ACTIVE -> ACTIVE (kept), PARKED -> PARKED (moved)."""
 
-    def check_tier(self, choice: str) -> None:
-        """422 for a tier name this daemon does not know or has not enabled."""
-        self.mover.candidates(choice)
-
     def pause(
         self,
         tenant: str,
