@@ -167,11 +167,10 @@ class InProcessDriver:
         core = self.core
         candidates = core.mover.candidates(TierChoice.AUTO)
         try:
-            dst, slots = core.mover.reserve(live.key, candidates, len(live.block_table))
+            dst, slots = core.transitions.begin_park(live, candidates)
         except TierFullError:
             return False
-        row.state = State.PAUSING
-        core.park_locked(live, dst, slots, row.tool, None, Reason.PRESSURE)
+        core.transitions.park_into(live, self._pool, dst, slots, row.tool, None, Reason.PRESSURE)
         return True
 
     def wake(self) -> None:
@@ -238,11 +237,12 @@ class InProcessDriver:
                 if row.state != State.ACTIVE:
                     restore = extra[: self.geometry.blocks_for(len(live.tokens))]
                     extra = extra[len(restore) :]
+                    core.transitions.begin_restore(live)
                     result = core.restore_locked(live, restore, Reason.GENERATE)
                     restored_from, resume_ms = result.restored_from, result.resume_ms
                 live.block_table.extend(extra)
                 extra = []
-                core.observe_tool_return(live)
+                core.transitions.tool_return(live)
                 new = self._decode(live, prompt_tokens, max_new_tokens, temperature, seed)
             finally:
                 self.release(live, extra)
@@ -289,12 +289,12 @@ class InProcessDriver:
             live.block_table = list(block_ids)
             live.next_logits = np.asarray(next_logits, dtype=np.float32)
             now = time.time()
-            core.sync_kv(live)
+            core.transitions.sync_kv(live)
             row.last_active_at = now
             event = core.events.event(
                 row, EventKind.ADOPT, now, to_state=State.ACTIVE, nbytes=row.kv_bytes
             )
-            core.events.commit(row, event)
+            core.transitions.commit(live, event)
             return row
 
     def check_invariants(self) -> None:
@@ -386,7 +386,7 @@ class InProcessDriver:
         finally:
             live.next_logits = logits
             now = time.time()
-            self.core.sync_kv(live)
+            self.core.transitions.sync_kv(live)
             row.last_active_at = now
             event = self.core.events.event(
                 row,
@@ -397,7 +397,7 @@ class InProcessDriver:
                 detail=f"prompt={len(prompt_tokens)} new={len(new)}",
             )
             try:
-                self.core.events.commit(row, event)
+                self.core.transitions.commit(live, event)
             except StorageUnavailableError:  # as if this call never ran (its blocks: _trim)
                 del live.tokens[old_len:]
                 live.next_logits = old_logits
@@ -412,7 +412,7 @@ class InProcessDriver:
         if surplus:
             self.release(live, surplus)
             live.block_table = live.block_table[:keep]
-            self.core.sync_kv(live)
+            self.core.transitions.sync_kv(live)
 
 
 def in_process_core(

@@ -115,6 +115,11 @@ class Mover:
             self._handlers[Medium.POOL, Medium.HOST] = self._device_to_host
             self._handlers[Medium.HOST, Medium.POOL] = self._host_to_device
 
+    def relayout(self, geometry: PoolGeometry, tiers: Sequence[HostTier]) -> None:
+        """An engine with a new layout: copies go between its pool and these tiers now."""
+        self.geometry = geometry
+        self.tiers = {t.name: t for t in tiers}
+
     # ---- which tier ---------------------------------------------------------------------
 
     def candidates(self, choice: str, *, persistent_only: bool = False) -> list[HostTier]:

@@ -219,7 +219,7 @@ def test_a_store_the_engine_never_finishes_is_failed_and_its_slots_freed(
     assert row.state == State.ACTIVE and "pause_failed" in daemon.kinds("s")
     assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
     late = daemon.call("complete_store", store_id=answer["store_id"], ok=True, checksum=None)
-    assert late["decision"] == "kept"  # too late: not parked
+    assert late["decision"] == "not_parked"  # too late: not parked
 
 
 def test_parked_sessions_survive_a_daemon_restart_and_load_after_it(daemon: Daemon) -> None:

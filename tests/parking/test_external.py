@@ -19,13 +19,8 @@ import pytest
 from agentpark.blocks import ArraySpec, BlockAllocator, PoolGeometry
 from agentpark.enums import RestoredFrom, State
 from agentpark.errors import InvalidStateError
-from agentpark.parking import (
-    ArrayPool,
-    CoreOptions,
-    ExternalDriver,
-    PauseAdvice,
-    external_core,
-)
+from agentpark.parking import ArrayPool, CoreOptions, ExternalManager, PauseAdvice, external_core
+from agentpark.parking.external import park_turn, restore_prefix
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
@@ -76,7 +71,7 @@ class Host:
     tiers: list[HostTier]
     shm_path: Path
     engine: FakeEngine
-    driver: ExternalDriver
+    driver: ExternalManager
 
     def restart(self) -> None:
         """A restart of the daemon: a new core over the same SQLite file and shm file."""
@@ -95,7 +90,7 @@ def _tiers(shm_path: Path) -> list[HostTier]:
     ]
 
 
-def _core(store: SessionStore, tiers: list[HostTier], engine: FakeEngine) -> ExternalDriver:
+def _core(store: SessionStore, tiers: list[HostTier], engine: FakeEngine) -> ExternalManager:
     options = CoreOptions(checksum_tiers=frozenset({"shm"}))
     return external_core(store, GEOMETRY, "fake-model", tiers, pool=engine.pool, options=options)
 
@@ -126,7 +121,7 @@ def test_a_parked_turn_is_restored_into_other_blocks_with_identical_bytes(host: 
     blocks1 = engine.compute("req-1", turn1, rng)
     kept_rows = engine.rows(blocks1)
 
-    result = driver.turn_ended(TENANT, "agent-1", turn1, blocks1, tool="web_search")
+    result = park_turn(driver, TENANT, "agent-1", turn1, blocks1, tool="web_search")
     assert result.decision == "parked" and result.row.state == State.PARKED
     assert result.row.tier == "dram" and result.row.kv_blocks == 3
     engine.finish("req-1")  # the engine frees the blocks only after turn_ended returned
@@ -139,7 +134,7 @@ def test_a_parked_turn_is_restored_into_other_blocks_with_identical_bytes(host: 
     assert driver.lookup(TENANT, "agent-1", turn2) == 8  # whole blocks only
     blocks2 = engine.allocator.allocate("req-2", GEOMETRY.blocks_for(len(turn2)))
     assert not set(blocks2[:2]) & set(blocks1[:2]), "the engine must hand out other blocks"
-    restored = driver.restore_prefix(TENANT, "agent-1", turn2, blocks2)
+    restored = restore_prefix(driver, TENANT, "agent-1", turn2, blocks2)
 
     assert restored.tokens == 8 and restored.restored_from == RestoredFrom.DRAM
     for now, before in zip(engine.rows(blocks2[:2]), kept_rows, strict=True):
@@ -157,7 +152,7 @@ def test_lookup_stops_at_the_first_differing_token_and_leaves_one_to_compute(
 ) -> None:
     engine, driver, rng = host.engine, host.driver, np.random.default_rng(1)
     tokens = list(range(100, 112))  # exactly 3 blocks
-    driver.turn_ended(TENANT, "s", tokens, engine.compute("r", tokens, rng))
+    park_turn(driver, TENANT, "s", tokens, engine.compute("r", tokens, rng))
     engine.finish("r")
     assert driver.lookup(TENANT, "s", tokens) == 8  # the same 12 tokens: one must be computed
     assert driver.lookup(TENANT, "s", [*tokens, 1]) == 12
@@ -172,7 +167,7 @@ def test_a_short_pause_is_kept_and_nothing_is_parked(host: Host) -> None:
     engine, driver, rng = host.engine, host.driver, np.random.default_rng(2)
     driver.core.advisor = lambda kv_bytes, tool, expected: PauseAdvice(False, "short", 0.5)
     tokens = list(range(9))
-    result = driver.turn_ended(TENANT, "s", tokens, engine.compute("r", tokens, rng), tool="calc")
+    result = park_turn(driver, TENANT, "s", tokens, engine.compute("r", tokens, rng), tool="calc")
     assert result.decision == "kept" and result.why == "short"
     assert result.row.state == State.ACTIVE and all(t.used_blocks == 0 for t in host.tiers)
     assert driver.lookup(TENANT, "s", [*tokens, 1]) == 0  # the engine's own cache has it
@@ -185,7 +180,7 @@ def test_a_corrupt_parked_copy_restores_nothing_and_the_next_turn_recomputes(
     engine, driver, rng = host.engine, host.driver, np.random.default_rng(3)
     tokens = list(range(9))
     blocks = engine.compute("r", tokens, rng)
-    result = driver.turn_ended(TENANT, "s", tokens, blocks, tier="shm")
+    result = park_turn(driver, TENANT, "s", tokens, blocks, tier="shm")
     engine.finish("r")
     assert result.row.tier == "shm" and result.row.checksum
     slot = driver.core.live(TENANT, "s").slots[1]
@@ -193,13 +188,14 @@ def test_a_corrupt_parked_copy_restores_nothing_and_the_next_turn_recomputes(
 
     turn2 = [*tokens, 50, 51]
     blocks2 = engine.allocator.allocate("r2", GEOMETRY.blocks_for(len(turn2)))
-    restored = driver.restore_prefix(TENANT, "s", turn2, blocks2)
+    restored = restore_prefix(driver, TENANT, "s", turn2, blocks2)
     assert restored.tokens == 0 and restored.restored_from is None
     row = driver.core.get(TENANT, "s")
-    assert row.state == State.LOST and host.tiers[1].used_blocks == 0
-    assert "corrupt" in _kinds(host, "s")
-    # The engine computed the whole prompt itself and reports the turn: active again.
-    again = driver.turn_ended(TENANT, "s", turn2, blocks2, tier="dram")
+    # Dropped, and the engine computes the prefix into its blocks itself: active again.
+    assert row.state == State.ACTIVE and host.tiers[1].used_blocks == 0
+    assert _kinds(host, "s")[-2:] == ["corrupt", "recompute"]
+    # The engine computed the whole prompt and reports the turn: it parks again.
+    again = park_turn(driver, TENANT, "s", turn2, blocks2, tier="dram")
     assert again.row.state == State.PARKED and again.row.tier == "dram"
 
 
@@ -210,7 +206,7 @@ def test_a_shm_parked_session_survives_a_daemon_restart_and_restores_bit_exact(
     tokens = list(range(30, 43))  # 13 tokens, 4 blocks
     blocks = engine.compute("r", tokens, rng)
     kept = engine.rows(blocks)
-    host.driver.turn_ended(TENANT, "s", tokens, blocks, tier="shm")
+    park_turn(host.driver, TENANT, "s", tokens, blocks, tier="shm")
     engine.finish("r")
 
     host.restart()
@@ -218,7 +214,7 @@ def test_a_shm_parked_session_survives_a_daemon_restart_and_restores_bit_exact(
     turn2 = [*tokens, 1, 2, 3]
     assert host.driver.lookup(TENANT, "s", turn2) == 12
     blocks2 = engine.allocator.allocate("r2", 4)
-    restored = host.driver.restore_prefix(TENANT, "s", turn2, blocks2)
+    restored = restore_prefix(host.driver, TENANT, "s", turn2, blocks2)
     assert restored.tokens == 12 and restored.restored_from == RestoredFrom.SHM
     for now, before in zip(engine.rows(blocks2[:3]), kept, strict=True):
         assert np.array_equal(now, before[:3])
@@ -227,7 +223,7 @@ def test_a_shm_parked_session_survives_a_daemon_restart_and_restores_bit_exact(
 def test_rest_resume_of_an_external_session_is_refused_and_changes_nothing(host: Host) -> None:
     engine, driver, rng = host.engine, host.driver, np.random.default_rng(5)
     tokens = list(range(8))
-    driver.turn_ended(TENANT, "s", tokens, engine.compute("r", tokens, rng))
+    park_turn(driver, TENANT, "s", tokens, engine.compute("r", tokens, rng))
     with pytest.raises(InvalidStateError, match="restored into the engine's blocks"):
         driver.core.resume(TENANT, "s")
     assert driver.core.get(TENANT, "s").state == State.PARKED
