@@ -9,6 +9,7 @@ the real ones.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +18,25 @@ import numpy as np
 import pytest
 
 from agentpark.blocks import ArraySpec, BlockAllocator, PoolGeometry
-from agentpark.enums import RestoredFrom, State
+from agentpark.enums import Decision, Reason, RestoredFrom, State
 from agentpark.errors import InvalidStateError
-from agentpark.parking import ArrayPool, CoreOptions, ExternalManager, PauseAdvice, external_core
-from agentpark.parking.external import park_turn, restore_prefix
+from agentpark.integrity import checksum
+from agentpark.parking import (
+    ArrayPool,
+    CoreOptions,
+    EngineHost,
+    ExternalManager,
+    PauseAdvice,
+    external_core,
+)
+from agentpark.parking.external import (
+    BlocksRemoved,
+    BlocksStored,
+    LoadPlan,
+    StorePlan,
+    park_turn,
+    restore_prefix,
+)
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
@@ -228,3 +244,76 @@ def test_rest_resume_of_an_external_session_is_refused_and_changes_nothing(host:
         driver.core.resume(TENANT, "s")
     assert driver.core.get(TENANT, "s").state == State.PARKED
     driver.core.check_invariants()
+
+
+def test_a_failed_engine_copy_is_not_parked_and_not_called_kept(host: Host) -> None:
+    engine, driver, rng = host.engine, host.driver, np.random.default_rng(6)
+    tokens = list(range(8))
+    plan = driver.prepare_store(TENANT, "s", tokens, engine.compute("r", tokens, rng))
+    assert isinstance(plan, StorePlan)
+    done = driver.complete_store(plan.store_id, False, None, "cudaMemcpy failed")
+    assert done is not None and done.decision == Decision.NOT_PARKED == "not_parked"
+    assert "cudaMemcpy failed" in done.why and done.row.state == State.ACTIVE
+    assert all(t.used_blocks == 0 for t in host.tiers)
+    assert _kinds(host, "s")[-2:] == ["turn", "pause_failed"]
+    driver.core.check_invariants()
+
+
+def test_a_turn_end_park_is_recorded_as_a_turn_end_not_an_explicit_pause(host: Host) -> None:
+    engine, driver, rng = host.engine, host.driver, np.random.default_rng(7)
+    tokens = list(range(8))
+    park_turn(driver, TENANT, "s", tokens, engine.compute("r", tokens, rng), tool="search")
+    pause = host.store.events(TENANT, "s", 1)[0]
+    assert (pause.kind, pause.reason) == ("pause", Reason.TURN_END) == ("pause", "turn_end")
+    assert driver.core.get(TENANT, "s").tool == "search"  # the wait starts at the turn end
+
+
+def test_plans_are_plain_values_that_go_on_the_wire(host: Host) -> None:
+    engine, driver, rng = host.engine, host.driver, np.random.default_rng(8)
+    tokens = list(range(12))
+    blocks = engine.compute("r", tokens, rng)
+    plan = driver.prepare_store(TENANT, "s", tokens, blocks, tier="shm")
+    assert isinstance(plan, StorePlan)
+    wire = json.loads(json.dumps(plan.to_wire()))
+    assert wire["tier"] == "shm" and wire["slots"] == list(plan.slots) and wire["checksum"]
+    assert all(isinstance(v, int | str | bool | float | tuple) for v in vars(plan).values() if v)
+    for dst, src in zip(host.tiers[1].buffers(), engine.arrays, strict=True):  # the engine
+        dst[list(plan.slots)] = src[blocks]
+    digest = checksum(host.tiers[1], plan.slots)
+    assert driver.complete_store(plan.store_id, True, digest) is not None
+    load = driver.prepare_load(TENANT, "s", [*tokens, 1], 1, blocks)
+    assert isinstance(load, LoadPlan) and load.start_block == 1
+    wire = json.loads(json.dumps(load.to_wire()))
+    assert wire["tier"] == "shm" and wire["slots"] == list(load.slots) == list(
+        load.parked_slots[1:]
+    )
+    assert wire["checksum"] == digest
+    assert driver.complete_load(load.load_id, True).tokens == 8  # blocks 1 and 2
+
+
+def test_stored_and_removed_copies_are_events_taken_once(host: Host) -> None:
+    engine, driver, rng = host.engine, host.driver, np.random.default_rng(9)
+    tokens = list(range(8))
+    blocks = engine.compute("r", tokens, rng)
+    park_turn(driver, TENANT, "s", tokens, blocks)
+    assert driver.take_events() == [BlocksStored(TENANT, "s", "dram", 2, _at(host, "pause"))]
+    assert driver.take_events() == []
+    restore_prefix(driver, TENANT, "s", [*tokens, 1], blocks)
+    (removed,) = driver.take_events()
+    assert isinstance(removed, BlocksRemoved)
+    assert (removed.tier, removed.num_blocks, removed.session_id) == ("dram", 2, "s")
+    park_turn(driver, TENANT, "s", [*tokens, 1], engine.compute("r2", [*tokens, 1], rng))
+    driver.core.delete(TENANT, "s")
+    assert [type(e) for e in driver.take_events()] == [BlocksStored, BlocksRemoved]
+
+
+def _at(host: Host, kind: str) -> float:
+    return next(e.at for e in host.store.events(TENANT, "s", 100) if e.kind == kind)
+
+
+def test_the_external_host_offers_only_what_an_external_engine_supports(host: Host) -> None:
+    core = host.driver.core
+    assert not isinstance(core.host, EngineHost) and core.engine is None
+    for method in ("claim", "claim_now", "recompute", "engine_lock_now", "wake"):
+        assert not hasattr(core.host, method)
+    assert core.pause_now(TENANT, "nobody") is None  # no fast path without an engine
