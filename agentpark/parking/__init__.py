@@ -12,6 +12,7 @@ transitions       every change of a session's state, and the tally of sessions b
 recovery          re-attach sessions from SQLite at start
 drain             park everything into persistent tiers before the daemon stops
 inprocess         the driver for an engine in this process (the reference engine): generate
+limits            what a generate may ask for, and the 507 of a full pool
 external          the manager for an engine that runs the model itself (vLLM's connector)
 ================  =======================================================================
 """

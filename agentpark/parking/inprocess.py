@@ -31,13 +31,12 @@ from agentpark.errors import (
     AgentparkError,
     InvalidRequestError,
     InvalidStateError,
-    LimitExceededError,
-    PoolFullError,
     StorageUnavailableError,
     TierFullError,
 )
 from agentpark.parking.admission import Admission
 from agentpark.parking.core import CoreOptions, PauseOrder, SessionCore
+from agentpark.parking.limits import check_fits, check_generate, pool_full
 from agentpark.parking.mover import EnginePool, Mover
 from agentpark.parking.recovery import recover
 from agentpark.parking.registry import LiveSession
@@ -102,25 +101,7 @@ class InProcessDriver:
         try:
             return self.engine.allocator.allocate(live.key, n)
         except PoolExhaustedError as exc:
-            raise self._full(exc.needed, exc.free, exc.total) from None
-
-    def _full(
-        self, needed: int, free: int, total: int, waited_s: float | None = None
-    ) -> PoolFullError:
-        block = self.geometry.block_nbytes
-        extra: dict[str, float] = {}
-        if waited_s is not None:  # a queue that did not move in time: try again soon
-            extra = {"waited_s": waited_s, "retry_after_s": min(waited_s, 5.0)}
-        waited = "" if waited_s is None else f" after waiting {waited_s:g}s for room"
-        return PoolFullError(
-            f"KV pool is full{waited}: needs {needed} blocks ({needed * block} bytes), "
-            f"{free} of {total} free",
-            needed_blocks=needed,
-            free_blocks=free,
-            total_blocks=total,
-            block_bytes=block,
-            **extra,
-        )
+            raise pool_full(self.geometry, exc.needed, exc.free, exc.total) from None
 
     def _admit(self, live: LiveSession, n: int, total_tokens: int | None) -> list[int]:
         """Blocks for ``live`` (held by the caller), in FIFO order with every other request.
@@ -135,7 +116,7 @@ class InProcessDriver:
         if live.lock.background:
             blocks = self.admission.now(n, lambda k: self._allocate(live, k))
             if blocks is None:
-                raise self._full(n, alloc.num_free, alloc.total)
+                raise pool_full(self.geometry, n, alloc.num_free, alloc.total)
             return blocks
         timeout = self.core.options.admission_timeout_s
         deadline = time.monotonic() + timeout
@@ -154,7 +135,9 @@ class InProcessDriver:
                     ticket.needed = self.geometry.blocks_for(total_tokens)
                     continue
                 if not self.admission.wait(ticket, deadline):
-                    raise self._full(ticket.needed, alloc.num_free, alloc.total, timeout)
+                    raise pool_full(
+                        self.geometry, ticket.needed, alloc.num_free, alloc.total, timeout
+                    )
         finally:
             self.admission.leave(ticket)
 
@@ -217,7 +200,7 @@ class InProcessDriver:
         core = self.core
         core.refuse_if_draining()
         live = core.live(tenant, session_id)
-        self._check_generate(prompt_tokens, max_new_tokens)
+        check_generate(self.engine, prompt_tokens, max_new_tokens, self.max_new_tokens)
         with core.registry.operation(live, "generate"):
             row = live.row
             if row.state not in (State.ACTIVE, State.PARKED, State.LOST):
@@ -227,7 +210,7 @@ class InProcessDriver:
                     "the session has no tokens yet: give a prompt or prompt_tokens"
                 )
             total = len(live.tokens) + len(prompt_tokens) + max_new_tokens
-            self._check_fits(total)
+            check_fits(self.engine, total)
             # Reserve every block this call needs before touching anything, so a full pool
             # fails here with the session unchanged (or parked, if it had to wait).
             need = self.geometry.blocks_for(total) - len(live.block_table)
@@ -307,37 +290,6 @@ class InProcessDriver:
         assert len(held) == alloc.num_used, "blocks used by no session"
 
     # ---- steps --------------------------------------------------------------------------
-
-    def _check_generate(self, prompt_tokens: Sequence[int], max_new_tokens: int) -> None:
-        if not 1 <= max_new_tokens <= self.max_new_tokens:
-            raise LimitExceededError(
-                f"max_new_tokens must be between 1 and {self.max_new_tokens}",
-                max_new_tokens=max_new_tokens,
-                limit=self.max_new_tokens,
-            )
-        bad = [t for t in prompt_tokens if not 0 <= t < self.engine.vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"token ids must be in 0..{self.engine.vocab_size - 1}", bad_tokens=bad[:10]
-            )
-
-    def _check_fits(self, total_tokens: int) -> None:
-        limit = self.engine.max_seq_len
-        if total_tokens > limit:
-            raise LimitExceededError(
-                f"session would hold {total_tokens} tokens; the model's limit is {limit} "
-                "(tokens so far + prompt + max_new_tokens)",
-                tokens=total_tokens,
-                max_seq_len=limit,
-            )
-        blocks = self.geometry.blocks_for(total_tokens)
-        if blocks > self.geometry.num_blocks:
-            raise LimitExceededError(
-                f"session would need {blocks} KV blocks; the whole pool has "
-                f"{self.geometry.num_blocks}",
-                blocks=blocks,
-                pool_blocks=self.geometry.num_blocks,
-            )
 
     def _make_room(self, live: LiveSession, needed: int) -> None:
         """Park idle sessions, least recently used first, until ``needed`` blocks are free.

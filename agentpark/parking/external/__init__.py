@@ -5,7 +5,8 @@ module      its one job
 ==========  ===========================================================================
 plans       the plans, results and stored/removed events handed to the engine: values
 host        the core's KV host for such an engine: only what it supports
-manager     lookup, prepare/complete store and load, expiry, events, a new layout
+lookup      what of a request's prefix a parked copy gives (and a promotion into a tier)
+manager     prepare/complete store and load, expiry, stored/removed events, a new layout
 inhost      the engine's half of a plan done here, for a pool this process can reach
 ==========  ===========================================================================
 """
