@@ -317,3 +317,22 @@ def test_the_external_host_offers_only_what_an_external_engine_supports(host: Ho
     for method in ("claim", "claim_now", "recompute", "engine_lock_now", "wake"):
         assert not hasattr(core.host, method)
     assert core.pause_now(TENANT, "nobody") is None  # no fast path without an engine
+
+
+def test_events_nobody_takes_are_bounded_oldest_dropped_first(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("agentpark.parking.external.manager.EVENTS_KEPT", 3)
+    host.restart()  # a manager made with the smaller bound
+    engine, driver, rng = host.engine, host.driver, np.random.default_rng(10)
+    for n in range(3):  # three parks, each a stored event, two of them removed again
+        tokens = list(range(n, n + 8))
+        park_turn(driver, TENANT, f"s{n}", tokens, engine.compute(f"r{n}", tokens, rng))
+        if n < 2:
+            driver.core.delete(TENANT, f"s{n}")
+    taken = driver.take_events()
+    assert [(type(e).__name__, e.session_id) for e in taken] == [
+        ("BlocksStored", "s1"),
+        ("BlocksRemoved", "s1"),
+        ("BlocksStored", "s2"),
+    ]
