@@ -62,10 +62,12 @@ class Medium(StrEnum):
 
 
 class Decision(StrEnum):
-    """What a pause did: the advisor parks a session, or keeps a short pause in the pool."""
+    """What a pause did: the advisor parks a session, or keeps a short pause in the pool;
+    or the park was tried and did not happen (the copy failed, the plan was unknown)."""
 
     PARKED = "parked"
     KEPT = "kept"
+    NOT_PARKED = "not_parked"
 
 
 class RestoredFrom(StrEnum):
@@ -81,7 +83,8 @@ class RestoredFrom(StrEnum):
 class Reason(StrEnum):
     """Why a transition happened (``events.reason``)."""
 
-    EXPLICIT = "explicit"  # an API call, or a connector's turn boundary
+    EXPLICIT = "explicit"  # an API call
+    TURN_END = "turn_end"  # an external engine's turn ended (vLLM's connector)
     IDLE = "idle"
     PRESSURE = "pressure"
     PREFETCH = "prefetch"

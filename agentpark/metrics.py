@@ -78,7 +78,7 @@ __all__ = ["METRIC_NAMES", "Metrics"]
 log = logging.getLogger(__name__)
 
 # Pause reasons and the label sets created at start (so rate() and increase() see a zero).
-PAUSE_REASONS = (Reason.EXPLICIT, Reason.IDLE, Reason.PRESSURE, Reason.DRAIN)
+PAUSE_REASONS = (Reason.EXPLICIT, Reason.TURN_END, Reason.IDLE, Reason.PRESSURE, Reason.DRAIN)
 # Latency: 100 us .. 60 s; bandwidth: 1 MB/s .. 1 TB/s.
 LATENCY_BUCKETS = (
     0.0001,

@@ -14,9 +14,6 @@ ALLOWED_OVERSIZE = {
     "connectors/vllm.py",
     "control/vllm.py",
     "metrics.py",
-    "parking/base.py",
-    "parking/external.py",
-    "parking/inprocess.py",
 }
 
 

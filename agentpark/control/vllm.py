@@ -54,7 +54,7 @@ from agentpark.connectors.protocol import (
 from agentpark.control.server import ControlServer, default_socket_path
 from agentpark.enums import Decision, Tier
 from agentpark.errors import AgentparkError, CapacityError, ConfigError, SessionBusyError
-from agentpark.parking import CoreOptions, ExternalDriver, external_core
+from agentpark.parking import CoreOptions, ExternalManager, external_core
 from agentpark.parking.external import StorePlan
 from agentpark.store.repository import SessionStore
 from agentpark.tiers.base import BackendHeldTier, HostTier
@@ -135,10 +135,10 @@ class VllmService:
                 )
                 geometry, model_uid = _UNREGISTERED, "vllm: no engine registered yet"
         tiers = self._tiers()
-        self.driver: ExternalDriver = external_core(
+        self.driver: ExternalManager = external_core(
             store, geometry, model_uid, tiers, options=options
         )
-        self.driver.engine_blocks = 0
+        self.driver.host.engine_blocks = 0
         self.server = ControlServer(self.socket_path, self.handle, self.undelivered)
         self._stop = threading.Event()
         self._reaper = threading.Thread(
@@ -409,7 +409,9 @@ class VllmService:
                 int(answer["store_id"]), False, None, "the connector gave up waiting"
             )
         elif op == "begin_load" and "load_id" in answer:
-            self.driver.load_done(int(answer["load_id"]), False, "the connector gave up waiting")
+            self.driver.complete_load(
+                int(answer["load_id"]), False, "the connector gave up waiting"
+            )
         else:
             return
         self.count_degraded("timeout")
@@ -433,7 +435,7 @@ class VllmService:
 
     def _match(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
         tokens = decode_tokens(blob)
-        n = self.driver.promote_and_match(
+        n = self.driver.promote_and_lookup(
             str(message["tenant"]),
             str(message["session_id"]),
             tokens,
@@ -443,7 +445,7 @@ class VllmService:
         return {"tokens": n}
 
     def _begin_load(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
-        plan = self.driver.begin_load(
+        plan = self.driver.prepare_load(
             str(message["tenant"]),
             str(message["session_id"]),
             decode_tokens(blob).tolist(),
@@ -453,7 +455,7 @@ class VllmService:
         )
         return {
             "load_id": plan.load_id,
-            "tier": plan.tier.name,
+            "tier": plan.tier,
             "slots": plan.slots,
             "parked_slots": plan.parked_slots,
             "checksum": plan.checksum,
@@ -462,7 +464,7 @@ class VllmService:
 
     def _load_done(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:
         cause = message.get("cause")
-        restored = self.driver.load_done(
+        restored = self.driver.complete_load(
             int(message["load_id"]), bool(message["ok"]), None if cause is None else str(cause)
         )
         if not message["ok"]:
@@ -492,7 +494,7 @@ class VllmService:
             "why": result.why,
             "store_id": result.store_id,
             "slots": result.slots,
-            "checksum": self.driver.core.mover.checksummed(result.tier),
+            "checksum": result.checksum,
             "pool_id": self.pool_id,
         }
 
@@ -505,7 +507,7 @@ class VllmService:
             None if message.get("detail") is None else str(message["detail"])[:500],
         )
         if result is None:
-            return {"decision": Decision.KEPT, "why": "unknown store (expired or done)"}
+            return {"decision": Decision.NOT_PARKED, "why": "unknown store (expired or done)"}
         return {"decision": result.decision, "why": result.why}
 
     def _degraded(self, message: dict[str, Any], blob: bytes) -> dict[str, Any]:

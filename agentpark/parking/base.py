@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import numpy as np
 from sqlalchemy.exc import IntegrityError
 
 from agentpark.blocks import PoolGeometry
@@ -27,9 +26,11 @@ from agentpark.errors import (
 from agentpark.parking.events import EventListener, EventLog
 from agentpark.parking.mover import Endpoint, Mover
 from agentpark.parking.registry import LiveSession, Registry, holds_kv
+from agentpark.parking.transitions import Transitions
 from agentpark.parking.types import (
     Advisor,
     CoreOptions,
+    EngineHost,
     KVHost,
 )
 from agentpark.snapshot import Counters, HostSnapshot, TierFigures
@@ -70,6 +71,9 @@ class CoreBase:
         self.options = options or CoreOptions()
         self.registry = Registry(self.options.background_yield_s)
         self.events = EventLog(store)
+        self.transitions = Transitions(self.events, self.registry.tally, mover, host)
+        # The engine's blocks, where the core may claim and fill them (an in-process engine).
+        self.engine: EngineHost | None = host if isinstance(host, EngineHost) else None
         self.counters = Counters()
         self.draining = False
         self.advisor: Advisor | None = None
@@ -201,40 +205,8 @@ class CoreBase:
             self.get(tenant, session_id)  # 404 if it never existed; deleted: nothing to do
             return
         with self.registry.operation(live, "delete"):
-            row = live.row
-            now = time.time()
-            event = self.events.event(
-                row, EventKind.DELETE, now, to_state=State.DELETED, nbytes=row.kv_bytes
-            )
-            tier = row.tier
-            row.state, row.tier, row.deleted_at = State.DELETED, None, now
-            row.kv_blocks = row.kv_bytes = 0
-            row.parked_handle = None
-            self.events.commit(row, event)  # refused: the row is back, nothing was freed
-            # Freed only once the commit that stops referencing them is in.
-            self.release_blocks(live)
-            self.free_slots(live, tier)
+            self.transitions.delete(live)  # refused: the row is back, nothing was freed
             self.registry.remove(live)
-
-    def drop_corrupt(self, live: LiveSession, tier_name: str) -> None:
-        row = live.row
-        reason = f"checksum mismatch in the {tier_name} tier: parked copy is damaged"
-        log.error("session %s/%s: %s; recomputing", row.tenant, row.session_id, reason)
-        event = self.events.event(
-            row,
-            EventKind.CORRUPT,
-            time.time(),
-            from_state=row.state,
-            to_state=State.LOST,
-            from_tier=tier_name,
-            reason=Reason.CHECKSUM,
-            nbytes=row.kv_bytes,
-            detail=reason,
-        )
-        tier = row.tier
-        self.mark_lost(live, reason)
-        self.events.commit(row, event)
-        self.free_slots(live, tier)
 
     # ---- tier files that disappear while running ---------------------------------------
 
@@ -259,28 +231,9 @@ class CoreBase:
 
     def lose_copy(self, live: LiveSession, tier_name: str, why: str) -> None:
         """The session's parked copy is gone with its tier file: LOST (the caller holds it)."""
-        self.drop_copy(live, Reason.TIER_FILE_MISSING, f"the {tier_name} tier file is gone: {why}")
-
-    def drop_copy(self, live: LiveSession, reason: Reason, why: str) -> None:
-        """The session's parked copy is given up: LOST with ``reason``, recomputed from its
-        tokens on its next turn; its tier slots are freed after the commit (caller holds
-        the session)."""
-        row = live.row
-        tier = row.tier
-        event = self.events.event(
-            row,
-            EventKind.LOST,
-            time.time(),
-            from_state=row.state,
-            to_state=State.LOST,
-            from_tier=tier,
-            reason=reason,
-            nbytes=row.kv_bytes,
-            detail=why,
+        self.transitions.lose(
+            live, Reason.TIER_FILE_MISSING, f"the {tier_name} tier file is gone: {why}"
         )
-        self.mark_lost(live, why)
-        self.events.commit(row, event)  # refused: the row is back, nothing was freed
-        self.free_slots(live, tier)
 
     def check_tier_files(self) -> int:
         """Notice tier files removed or replaced (policy tick); returns sessions lost.
@@ -315,23 +268,6 @@ class CoreBase:
                 else:
                     log.warning("%s tier: file re-created; the tier is in use again", tier.name)
         return lost
-
-    def observe_tool_return(self, live: LiveSession) -> None:
-        """The agent is back from its tool: record how long the tool took (learned pauses)."""
-        row = live.row
-        if row.tool is None or row.paused_at is None:
-            return
-        now = time.time()
-        event = self.events.event(
-            row,
-            EventKind.TOOL_RETURN,
-            now,
-            to_state=row.state,
-            detail=row.tool,
-            duration_ms=(now - row.paused_at) * 1e3,
-        )
-        row.tool, row.expected_resume_at = None, None
-        self.events.commit(row, event)
 
     # ---- host view ----------------------------------------------------------------------
 
@@ -369,7 +305,9 @@ class CoreBase:
         if self.draining:
             raise NotReadyError("the daemon is draining for shutdown; retry on the next start")
 
-    def _endpoint(self) -> Endpoint:
+    def endpoint(self) -> Endpoint:
+        """The pool as the mover's copy source; TransferError when the engine copies its
+        own blocks (an engine in another process)."""
         endpoint = self.host.endpoint()
         if endpoint is None:
             raise TransferError("this engine copies its own blocks; the core cannot reach them")
@@ -400,52 +338,9 @@ class CoreBase:
         self._background.submit(in_background)
         return pending
 
-    def lose_at_restart(self, live: LiveSession, why: str, now: float) -> EventRow:
-        """Mark a session whose KV did not survive a restart lost; returns its LOST event
-        (uncommitted: start-up and a re-attach commit it their own way)."""
-        row = live.row
-        event = self.events.event(
-            row,
-            EventKind.LOST,
-            now,
-            from_state=row.state,
-            to_state=State.LOST,
-            from_tier=row.tier,
-            reason=Reason.RESTART,
-            nbytes=row.kv_bytes,
-            detail=why,
-        )
-        self.mark_lost(live, why)
-        return event
-
-    def mark_lost(self, live: LiveSession, reason: str) -> None:
-        row = live.row
-        row.state, row.tier, row.lost_reason = State.LOST, None, reason
-        row.kv_blocks = row.kv_bytes = 0
-        row.parked_handle, row.checksum = None, None
-
     def free_slots(self, live: LiveSession, tier_name: str | None = None) -> None:
         """Free the session's slots in ``tier_name`` (default: the row's tier)."""
-        tier = self.tiers.get((tier_name if tier_name is not None else live.row.tier) or "")
-        if tier is not None:
-            tier.free(live.key)
-        live.slots = []
-
-    def release_blocks(self, live: LiveSession) -> None:
-        if live.block_table:
-            self.host.release(live, live.block_table)
-        live.block_table = []
-
-    def sync_kv(self, live: LiveSession, log_changed: bool = True) -> None:
-        """Mirror the live KV state into the row; the token log only when it changed
-        (re-encoding a long log is a millisecond a pause or restore need not pay)."""
-        row = live.row
-        if log_changed:
-            row.num_tokens = len(live.tokens)
-            row.token_log = np.asarray(live.tokens, dtype="<i4").tobytes()
-            row.next_logits = None if live.next_logits is None else live.next_logits.tobytes()
-        row.kv_blocks = len(live.block_table)
-        row.kv_bytes = row.kv_blocks * self.geometry.block_nbytes
+        self.transitions.free_slots(live, tier_name if tier_name is not None else live.row.tier)
 
     def check_invariants(self, owned: Callable[[LiveSession], list[int]] | None = None) -> None:
         """Tier accounting agrees with the sessions; with ``owned`` (the engine's record of

@@ -28,6 +28,7 @@ from agentpark.parking.pausing import Pausing
 from agentpark.parking.restoring import Restoring
 from agentpark.parking.types import (
     CoreOptions,
+    EngineHost,
     KVHost,
     MoveResult,
     PauseAdvice,
@@ -38,6 +39,7 @@ from agentpark.parking.types import (
 
 __all__ = [
     "CoreOptions",
+    "EngineHost",
     "KVHost",
     "MoveResult",
     "PauseAdvice",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
-from agentpark.enums import EventKind, Reason, State, TierChoice
+from agentpark.enums import Reason, State, TierChoice
 from agentpark.errors import AgentparkError, StorageUnavailableError
 from agentpark.parking.core import SessionCore
 from agentpark.parking.registry import LiveSession
@@ -23,9 +23,8 @@ log = logging.getLogger(__name__)
 def drain(core: SessionCore, deadline_s: float) -> dict[str, int]:
     """Park everything within ``deadline_s``; returns how many ended which way."""
     core.draining = True
-    wake = getattr(core.host, "wake", None)
-    if wake is not None:  # requests waiting for pool blocks give up (503) now
-        wake()
+    if core.engine is not None:  # requests waiting for pool blocks give up (503) now
+        core.engine.wake()
     deadline = time.monotonic() + deadline_s
     persistent = core.mover.candidates(TierChoice.AUTO, persistent_only=True)
     summary = {"parked": 0, "moved": 0, "already_safe": 0, "lost": 0}
@@ -55,9 +54,7 @@ def _drain_one(
             if row.state == State.PARKED:
                 core.move_locked(live, persistent, Reason.DRAIN)
                 return "moved"
-            dst, slots = core.mover.reserve(live.key, persistent, len(live.block_table))
-            row.state = State.PAUSING
-            core.park_locked(live, dst, slots, row.tool, None, Reason.DRAIN)
+            core.transitions.park(live, core.endpoint(), persistent, row.tool, None, Reason.DRAIN)
             return "parked"
         except AgentparkError as exc:
             return _lose(core, live, f"drain could not park it: {exc.message}")
@@ -65,31 +62,17 @@ def _drain_one(
         core.registry.release(live)
 
 
-def _lose(core: SessionCore, live: LiveSession, reason: str, locked: bool = True) -> str:
-    """Record that this session will need a recompute after the restart."""
-    row = live.row
-    if row.state == State.LOST:
+def _lose(core: SessionCore, live: LiveSession, why: str, locked: bool = True) -> str:
+    """Record that this session will need a recompute after the restart.
+
+    ``locked``: the drain holds the session, so its blocks and slots are freed; else
+    another operation still has it and frees nothing here.
+    """
+    if live.row.state == State.LOST:
         return "lost"
-    event = core.events.event(
-        row,
-        EventKind.LOST,
-        time.time(),
-        from_state=row.state,
-        to_state=State.LOST,
-        from_tier=row.tier,
-        reason=Reason.DRAIN,
-        nbytes=row.kv_bytes,
-        detail=reason,
-    )
-    tier = row.tier
-    core.mark_lost(live, reason)
     try:
-        core.events.commit(row, event)
+        core.transitions.lose(live, Reason.DRAIN, why, free=locked)
     except StorageUnavailableError:
         # The next start finds the row as last written and recovers it from that.
         log.error("drain: could not record %s/%s as lost: storage unavailable", *live.key)
-        return "lost"
-    if locked:
-        core.release_blocks(live)
-        core.free_slots(live, tier)
     return "lost"

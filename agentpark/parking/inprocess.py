@@ -31,21 +31,20 @@ from agentpark.errors import (
     AgentparkError,
     InvalidRequestError,
     InvalidStateError,
-    LimitExceededError,
-    PoolFullError,
     StorageUnavailableError,
     TierFullError,
 )
 from agentpark.parking.admission import Admission
 from agentpark.parking.core import CoreOptions, PauseOrder, SessionCore
+from agentpark.parking.limits import check_fits, check_generate, pool_full
 from agentpark.parking.mover import EnginePool, Mover
 from agentpark.parking.recovery import recover
 from agentpark.parking.registry import LiveSession
-from agentpark.policy.rules import SessionView, least_recently_used
 from agentpark.snapshot import PoolFigures
 from agentpark.store.models import SessionRow
 from agentpark.store.repository import SessionStore
 from agentpark.tiers.base import HostTier
+from agentpark.views import SessionView, least_recently_used
 
 __all__ = ["GenerateResult", "InProcessDriver", "in_process_core"]
 
@@ -102,25 +101,7 @@ class InProcessDriver:
         try:
             return self.engine.allocator.allocate(live.key, n)
         except PoolExhaustedError as exc:
-            raise self._full(exc.needed, exc.free, exc.total) from None
-
-    def _full(
-        self, needed: int, free: int, total: int, waited_s: float | None = None
-    ) -> PoolFullError:
-        block = self.geometry.block_nbytes
-        extra: dict[str, float] = {}
-        if waited_s is not None:  # a queue that did not move in time: try again soon
-            extra = {"waited_s": waited_s, "retry_after_s": min(waited_s, 5.0)}
-        waited = "" if waited_s is None else f" after waiting {waited_s:g}s for room"
-        return PoolFullError(
-            f"KV pool is full{waited}: needs {needed} blocks ({needed * block} bytes), "
-            f"{free} of {total} free",
-            needed_blocks=needed,
-            free_blocks=free,
-            total_blocks=total,
-            block_bytes=block,
-            **extra,
-        )
+            raise pool_full(self.geometry, exc.needed, exc.free, exc.total) from None
 
     def _admit(self, live: LiveSession, n: int, total_tokens: int | None) -> list[int]:
         """Blocks for ``live`` (held by the caller), in FIFO order with every other request.
@@ -135,7 +116,7 @@ class InProcessDriver:
         if live.lock.background:
             blocks = self.admission.now(n, lambda k: self._allocate(live, k))
             if blocks is None:
-                raise self._full(n, alloc.num_free, alloc.total)
+                raise pool_full(self.geometry, n, alloc.num_free, alloc.total)
             return blocks
         timeout = self.core.options.admission_timeout_s
         deadline = time.monotonic() + timeout
@@ -154,7 +135,9 @@ class InProcessDriver:
                     ticket.needed = self.geometry.blocks_for(total_tokens)
                     continue
                 if not self.admission.wait(ticket, deadline):
-                    raise self._full(ticket.needed, alloc.num_free, alloc.total, timeout)
+                    raise pool_full(
+                        self.geometry, ticket.needed, alloc.num_free, alloc.total, timeout
+                    )
         finally:
             self.admission.leave(ticket)
 
@@ -167,11 +150,10 @@ class InProcessDriver:
         core = self.core
         candidates = core.mover.candidates(TierChoice.AUTO)
         try:
-            dst, slots = core.mover.reserve(live.key, candidates, len(live.block_table))
+            dst, slots = core.transitions.begin_park(live, candidates)
         except TierFullError:
             return False
-        row.state = State.PAUSING
-        core.park_locked(live, dst, slots, row.tool, None, Reason.PRESSURE)
+        core.transitions.park_into(live, self._pool, dst, slots, row.tool, None, Reason.PRESSURE)
         return True
 
     def wake(self) -> None:
@@ -218,7 +200,7 @@ class InProcessDriver:
         core = self.core
         core.refuse_if_draining()
         live = core.live(tenant, session_id)
-        self._check_generate(prompt_tokens, max_new_tokens)
+        check_generate(self.engine, prompt_tokens, max_new_tokens, self.max_new_tokens)
         with core.registry.operation(live, "generate"):
             row = live.row
             if row.state not in (State.ACTIVE, State.PARKED, State.LOST):
@@ -228,7 +210,7 @@ class InProcessDriver:
                     "the session has no tokens yet: give a prompt or prompt_tokens"
                 )
             total = len(live.tokens) + len(prompt_tokens) + max_new_tokens
-            self._check_fits(total)
+            check_fits(self.engine, total)
             # Reserve every block this call needs before touching anything, so a full pool
             # fails here with the session unchanged (or parked, if it had to wait).
             need = self.geometry.blocks_for(total) - len(live.block_table)
@@ -238,11 +220,12 @@ class InProcessDriver:
                 if row.state != State.ACTIVE:
                     restore = extra[: self.geometry.blocks_for(len(live.tokens))]
                     extra = extra[len(restore) :]
+                    core.transitions.begin_restore(live)
                     result = core.restore_locked(live, restore, Reason.GENERATE)
                     restored_from, resume_ms = result.restored_from, result.resume_ms
                 live.block_table.extend(extra)
                 extra = []
-                core.observe_tool_return(live)
+                core.transitions.tool_return(live)
                 new = self._decode(live, prompt_tokens, max_new_tokens, temperature, seed)
             finally:
                 self.release(live, extra)
@@ -289,12 +272,12 @@ class InProcessDriver:
             live.block_table = list(block_ids)
             live.next_logits = np.asarray(next_logits, dtype=np.float32)
             now = time.time()
-            core.sync_kv(live)
+            core.transitions.sync_kv(live)
             row.last_active_at = now
             event = core.events.event(
                 row, EventKind.ADOPT, now, to_state=State.ACTIVE, nbytes=row.kv_bytes
             )
-            core.events.commit(row, event)
+            core.transitions.commit(live, event)
             return row
 
     def check_invariants(self) -> None:
@@ -307,37 +290,6 @@ class InProcessDriver:
         assert len(held) == alloc.num_used, "blocks used by no session"
 
     # ---- steps --------------------------------------------------------------------------
-
-    def _check_generate(self, prompt_tokens: Sequence[int], max_new_tokens: int) -> None:
-        if not 1 <= max_new_tokens <= self.max_new_tokens:
-            raise LimitExceededError(
-                f"max_new_tokens must be between 1 and {self.max_new_tokens}",
-                max_new_tokens=max_new_tokens,
-                limit=self.max_new_tokens,
-            )
-        bad = [t for t in prompt_tokens if not 0 <= t < self.engine.vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"token ids must be in 0..{self.engine.vocab_size - 1}", bad_tokens=bad[:10]
-            )
-
-    def _check_fits(self, total_tokens: int) -> None:
-        limit = self.engine.max_seq_len
-        if total_tokens > limit:
-            raise LimitExceededError(
-                f"session would hold {total_tokens} tokens; the model's limit is {limit} "
-                "(tokens so far + prompt + max_new_tokens)",
-                tokens=total_tokens,
-                max_seq_len=limit,
-            )
-        blocks = self.geometry.blocks_for(total_tokens)
-        if blocks > self.geometry.num_blocks:
-            raise LimitExceededError(
-                f"session would need {blocks} KV blocks; the whole pool has "
-                f"{self.geometry.num_blocks}",
-                blocks=blocks,
-                pool_blocks=self.geometry.num_blocks,
-            )
 
     def _make_room(self, live: LiveSession, needed: int) -> None:
         """Park idle sessions, least recently used first, until ``needed`` blocks are free.
@@ -386,7 +338,7 @@ class InProcessDriver:
         finally:
             live.next_logits = logits
             now = time.time()
-            self.core.sync_kv(live)
+            self.core.transitions.sync_kv(live)
             row.last_active_at = now
             event = self.core.events.event(
                 row,
@@ -397,7 +349,7 @@ class InProcessDriver:
                 detail=f"prompt={len(prompt_tokens)} new={len(new)}",
             )
             try:
-                self.core.events.commit(row, event)
+                self.core.transitions.commit(live, event)
             except StorageUnavailableError:  # as if this call never ran (its blocks: _trim)
                 del live.tokens[old_len:]
                 live.next_logits = old_logits
@@ -412,7 +364,7 @@ class InProcessDriver:
         if surplus:
             self.release(live, surplus)
             live.block_table = live.block_table[:keep]
-            self.core.sync_kv(live)
+            self.core.transitions.sync_kv(live)
 
 
 def in_process_core(

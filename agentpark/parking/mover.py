@@ -29,7 +29,7 @@ import numpy as np
 from agentpark.blocks import PoolGeometry, paired_runs
 from agentpark.dma.base import Transfer
 from agentpark.engine.base import EngineAdapter
-from agentpark.enums import PARKING_TIERS, Medium, TierChoice
+from agentpark.enums import Medium, TierChoice
 from agentpark.errors import InvalidRequestError, TierFullError, TransferError
 from agentpark.integrity import checksum, fusable, matches
 from agentpark.tiers.base import BackendHeldTier, HostTier
@@ -115,6 +115,11 @@ class Mover:
             self._handlers[Medium.POOL, Medium.HOST] = self._device_to_host
             self._handlers[Medium.HOST, Medium.POOL] = self._host_to_device
 
+    def relayout(self, geometry: PoolGeometry, tiers: Sequence[HostTier]) -> None:
+        """An engine with a new layout: copies go between its pool and these tiers now."""
+        self.geometry = geometry
+        self.tiers = {t.name: t for t in tiers}
+
     # ---- which tier ---------------------------------------------------------------------
 
     def candidates(self, choice: str, *, persistent_only: bool = False) -> list[HostTier]:
@@ -132,13 +137,6 @@ class Mover:
                 f"tier {choice!r} is not enabled on this daemon; enabled: {names}", tier=choice
             )
         return [tier]
-
-    def lower_tiers(self, name: str) -> list[str]:
-        """Enabled tiers below ``name`` in the demotion order."""
-        order = [str(t) for t in PARKING_TIERS]
-        if name not in order:
-            return []
-        return [t for t in order[order.index(name) + 1 :] if t in self.tiers]
 
     def reserve(
         self, owner: Hashable, candidates: Sequence[HostTier], n: int
@@ -185,17 +183,13 @@ class Mover:
         self, src: EnginePool, ids: Sequence[int], dst: HostTier, slots: Sequence[int], hash: bool
     ) -> str | None:
         assert self.transfer is not None
-        if not hash:  # a backend written before ``digest`` existed still copies
-            return self.transfer.d2h(src.engine, ids, dst, slots)
-        return self.transfer.d2h(src.engine, ids, dst, slots, digest=True)
+        return self.transfer.d2h(src.engine, ids, dst, slots, digest=hash)
 
     def _host_to_device(
         self, src: HostTier, slots: Sequence[int], dst: EnginePool, ids: Sequence[int], hash: bool
     ) -> str | None:
         assert self.transfer is not None
-        if not hash:
-            return self.transfer.h2d(src, slots, dst.engine, ids)
-        return self.transfer.h2d(src, slots, dst.engine, ids, digest=True)
+        return self.transfer.h2d(src, slots, dst.engine, ids, digest=hash)
 
     def checksummed(self, tier: HostTier) -> bool:
         """Whether copies in ``tier`` get a checksum (``integrity.tiers``).

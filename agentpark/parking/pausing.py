@@ -21,7 +21,7 @@ from agentpark.parking.types import (
     PauseResult,
     as_transfer_error,
 )
-from agentpark.store.models import EventRow, SessionRow
+from agentpark.store.models import SessionRow
 from agentpark.tiers.base import HostTier
 
 __all__ = ["Pausing"]
@@ -29,10 +29,6 @@ __all__ = ["Pausing"]
 
 class Pausing(CoreBase):
     """ACTIVE -> PAUSING -> PARKED, ACTIVE -> ACTIVE (kept), PARKED -> PARKED (moved)."""
-
-    def check_tier(self, choice: str) -> None:
-        """422 for a tier name this daemon does not know or has not enabled."""
-        self.mover.candidates(choice)
 
     def pause(
         self,
@@ -60,7 +56,9 @@ class Pausing(CoreBase):
         row = live.row
 
         def job() -> PauseResult:
-            ms = self.park_locked(live, dst, slots, order.tool, advice.expected_s, order.reason)
+            ms = self.transitions.park_into(
+                live, self.endpoint(), dst, slots, order.tool, advice.expected_s, order.reason
+            )
             return PauseResult(row, Decision.PARKED, advice.why, advice.expected_s, ms)
 
         return self._run(
@@ -84,14 +82,14 @@ class Pausing(CoreBase):
         another writer's transaction (each a fraction of a millisecond; checkpoints are
         passive). Errors are the same as :meth:`pause`'s.
         """
-        if order.reason != Reason.EXPLICIT:
+        if order.reason != Reason.EXPLICIT or self.engine is None:
             return None
         self.refuse_if_draining()
         candidates = self.mover.candidates(order.tier)
         live = self.live(tenant, session_id)
         if len(live.block_table) * self.geometry.block_nbytes > INLINE_BYTES:
             return None
-        with self.host.engine_lock_now() as engine_free:
+        with self.engine.engine_lock_now() as engine_free:
             if not engine_free or not self.registry.try_acquire(live, "pause"):
                 return None
             started = self._start_pause(live, order, candidates)
@@ -99,12 +97,13 @@ class Pausing(CoreBase):
                 return started
             dst, slots, advice = started
             if dst.name == Tier.DISK:  # its landing fsyncs: not on the event loop
-                dst.free(live.key)
-                live.row.state = State.ACTIVE
+                self.transitions.abort_park(live, dst)
                 self.registry.release(live)
                 return None
             try:
-                ms = self.park_locked(live, dst, slots, order.tool, advice.expected_s, order.reason)
+                ms = self.transitions.park_into(
+                    live, self.endpoint(), dst, slots, order.tool, advice.expected_s, order.reason
+                )
             finally:
                 self.registry.release(live)
             return PauseResult(live.row, Decision.PARKED, advice.why, advice.expected_s, ms)
@@ -122,145 +121,28 @@ class Pausing(CoreBase):
                 return PauseResult(row, Decision.PARKED, "already off the pool", None, 0.0)
             if row.state != State.ACTIVE:
                 raise InvalidStateError(f"cannot pause in state {row.state}", state=row.state)
-            advice = self._advise(row, order)
+            advice = self.advise(row, order)
             if not advice.park:
-                self.keep_locked(live, order.tool, advice.expected_s, advice.why)
+                self.transitions.keep(live, order.tool, advice.expected_s, advice.why)
                 self.registry.release(live)
                 return PauseResult(row, Decision.KEPT, advice.why, advice.expected_s, 0.0)
-            dst, slots = self.mover.reserve(live.key, candidates, len(live.block_table))
-            row.state = State.PAUSING
+            dst, slots = self.transitions.begin_park(live, candidates)
         except BaseException:
             if live.operation is not None:
                 self.registry.release(live)
             raise
         return dst, slots, advice
 
-    def _advise(self, row: SessionRow, order: PauseOrder) -> PauseAdvice:
+    def advise(self, row: SessionRow, order: PauseOrder) -> PauseAdvice:
+        """Park or keep, and why: forced and the daemon's own pauses park; otherwise the
+        advisor decides (break-even, learned tool pauses)."""
         if order.force:
             return PauseAdvice(True, "forced by the caller", order.expected_resume_s)
-        if order.reason != Reason.EXPLICIT:
+        if order.reason not in (Reason.EXPLICIT, Reason.TURN_END):
             return PauseAdvice(True, f"policy: {order.reason}", order.expected_resume_s)
         if self.advisor is None:
             return PauseAdvice(True, "no policy: every pause parks", order.expected_resume_s)
         return self.advisor(row.kv_bytes, order.tool, order.expected_resume_s)
-
-    def park_locked(
-        self,
-        live: LiveSession,
-        dst: HostTier,
-        slots: list[int],
-        tool: str | None,
-        expected_resume_s: float | None,
-        reason: str,
-    ) -> float:
-        """Copy the session's blocks into ``slots`` of ``dst`` and commit PARKED.
-
-        The caller holds the session and reserved the slots; on failure they are freed
-        and the session is ACTIVE again, its blocks untouched. Returns the milliseconds.
-        """
-        row = live.row
-        started = time.perf_counter()
-        blocks = list(live.block_table)
-        try:
-            source = self._endpoint()
-            fused = self.mover.copy(source, blocks, dst, slots, hash=self.mover.checksummed(dst))
-            digest = self.mover.land(dst, slots, fused)
-        except Exception as exc:
-            dst.free(live.key)
-            row.state = State.ACTIVE
-            self.events.failure(row, EventKind.PAUSE_FAILED, exc, at=time.time(), to_tier=dst.name)
-            raise as_transfer_error("pause", exc) from exc
-        try:
-            self.commit_parked(
-                live, dst, slots, digest, len(blocks), started, tool, expected_resume_s, reason
-            )
-        except StorageUnavailableError:  # the row is ACTIVE again; so is the rest
-            dst.free(live.key)
-            live.slots = []
-            raise
-        self.release_blocks(live)  # only once the commit says the copy holds the KV
-        return (time.perf_counter() - started) * 1e3
-
-    def commit_parked(
-        self,
-        live: LiveSession,
-        dst: HostTier,
-        slots: list[int],
-        digest: str | None,
-        num_blocks: int,
-        started: float,
-        tool: str | None,
-        expected_resume_s: float | None,
-        reason: str,
-        prior: Sequence[EventRow] = (),
-    ) -> None:
-        """The copy is in ``slots`` of ``dst`` and the pool's blocks are gone: say PARKED.
-
-        ``prior``: events not yet committed that go first in the same write (an external
-        engine's turn end).
-        """
-        row = live.row
-        live.slots = slots
-        now = time.time()
-        elapsed_ms = (time.perf_counter() - started) * 1e3
-        nbytes = num_blocks * self.geometry.block_nbytes
-        event = self.events.event(
-            row,
-            EventKind.PAUSE,
-            now,
-            from_state=State.ACTIVE,
-            to_state=State.PARKED,
-            to_tier=dst.name,
-            reason=reason,
-            nbytes=nbytes,
-            duration_ms=elapsed_ms,
-            detail=f"tool={tool}" if tool else None,
-        )
-        row.state, row.tier, row.tier_since = State.PARKED, dst.name, now
-        self.mover.measured(nbytes, elapsed_ms)
-        row.pause_count += 1
-        if reason == Reason.EXPLICIT or row.tool is None:
-            # A new wait starts here; a policy pause of a session already waiting on its
-            # tool (kept at first, parked later) keeps the wait's start and estimate.
-            row.paused_at, row.tool = now, tool
-            row.expected_resume_at = None if expected_resume_s is None else now + expected_resume_s
-        row.parked_handle = {"slots": slots}
-        row.checksum = digest
-        row.kv_blocks, row.kv_bytes = num_blocks, nbytes
-        self.events.commit(row, *prior, event)
-
-    def keep_locked(
-        self,
-        live: LiveSession,
-        tool: str | None,
-        expected_resume_s: float | None,
-        why: str,
-        prior: Sequence[EventRow] = (),
-    ) -> None:
-        """Record a pause the advisor decided not to park: the KV stays in the pool.
-
-        ``prior``: events committed in the same write, before the keep (an external
-        engine's turn and tool return).
-
-        The session is marked as waiting on its tool (paused_at, tool, expected resume),
-        so the tool's real duration is learned when it returns, and the idle and pressure
-        rules can still park it if the wait runs long or the pool needs the room.
-        """
-        row = live.row
-        now = time.time()
-        event = self.events.event(
-            row,
-            EventKind.KEEP,
-            now,
-            from_state=State.ACTIVE,
-            to_state=State.ACTIVE,
-            reason=Reason.BREAK_EVEN,
-            nbytes=row.kv_bytes,
-            detail=why,
-        )
-        row.paused_at, row.tool = now, tool
-        row.expected_resume_at = None if expected_resume_s is None else now + expected_resume_s
-        self.events.commit(row, *prior, event)
 
     def move(
         self, tenant: str, session_id: str, tier: str, reason: str = Reason.EXPLICIT
@@ -299,7 +181,7 @@ class Pausing(CoreBase):
         if not self.mover.same_copy(dst, slots, digest, row.checksum):
             # The copy we moved from was already damaged: do not keep a bad copy.
             dst.free(live.key)
-            self.drop_corrupt(live, src.name)
+            self.transitions.lose_corrupt(live, src.name)
             raise TransferError(
                 f"the parked copy in {src.name} failed its checksum; the session is lost "
                 "and will be recomputed on resume"
@@ -321,7 +203,7 @@ class Pausing(CoreBase):
         row.tier, row.parked_handle, row.tier_since = dst.name, {"slots": slots}, now
         row.checksum = digest or row.checksum
         try:
-            self.events.commit(row, event)
+            self.transitions.commit(live, event)
         except StorageUnavailableError:  # the row names the old copy again: keep it
             dst.free(live.key)
             raise

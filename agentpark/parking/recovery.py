@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from agentpark.enums import State
+from agentpark.enums import Reason, State
 from agentpark.parking.core import SessionCore
 from agentpark.parking.registry import LiveSession
 
@@ -28,10 +28,10 @@ def recover(core: SessionCore) -> int:
         live = LiveSession(row, _decode_tokens(row.token_log), _decode_logits(row.next_logits))
         reason = _lost_reason(core, live)
         if reason is not None:
-            core.events.commit_at_startup(row, core.lose_at_restart(live, reason, now))
+            event = core.transitions.lose(live, Reason.RESTART, reason, commit=False, at=now)
+            core.events.commit_at_startup(row, event)
         elif row.state not in (State.PARKED, State.LOST, State.ACTIVE):
-            row.state = State.ACTIVE  # no tokens, so no KV to lose
-            core.store.save(row)
+            core.transitions.settle_at_start(live)  # no tokens, so no KV to lose
         core.registry.add(live)
     if len(core.registry):
         log.info("re-attached %d sessions", len(core.registry))

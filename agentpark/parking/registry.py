@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import event
 
 from agentpark.enums import State
 from agentpark.errors import InvalidStateError, SessionBusyError, SessionNotFoundError
@@ -80,13 +79,13 @@ def holds_kv(state: str, kv_blocks: int) -> bool:
 
 
 class StateTally:
-    """Live sessions by state, the KV bytes of the parked ones and which sessions hold KV,
-    kept as they change.
+    """Live sessions by state, the KV bytes of the parked ones and which sessions hold KV.
 
     ``GET /v1/host`` reads these in O(1) instead of walking every session, and the policy
-    loop walks only the sessions that hold KV (:attr:`holding`): SQLAlchemy's attribute
-    events on ``SessionRow.state``, ``kv_bytes`` and ``kv_blocks`` report each assignment
-    to a row that a registry holds (the row carries its tally). Walking all 10,000 rows of
+    loop walks only the sessions that hold KV (:meth:`holders`). The code that changes a
+    row's state or KV (agentpark.parking.transitions) calls :meth:`update` after each
+    change; the tally remembers what it counted for each session, so an update is the
+    difference, whatever changed and however often. Walking all 10,000 rows of
     ``agentpark bench control`` took 8 ms of the GIL every tick, which is what requests
     arriving then waited for.
     """
@@ -95,76 +94,43 @@ class StateTally:
         self.by_state: dict[str, int] = {s.value: 0 for s in State}
         self.parked_bytes = 0
         self.holding: set[SessionKey] = set()
+        self._counted: dict[SessionKey, tuple[str, int]] = {}  # (state, parked bytes)
         self._lock = threading.Lock()
 
-    def counted(self, row: SessionRow, sign: int) -> None:
+    def update(self, row: SessionRow) -> None:
+        """Count ``row`` as it is now (first time: added)."""
         key = (row.tenant, row.session_id)
+        state = str(row.state)
+        now = (state, row.kv_bytes if state == State.PARKED else 0)
         with self._lock:
-            self.by_state[row.state] = self.by_state.get(row.state, 0) + sign
-            if row.state == State.PARKED:
-                self.parked_bytes += sign * row.kv_bytes
-            if sign > 0 and holds_kv(row.state, row.kv_blocks):
+            old = self._counted.get(key)
+            if old != now:
+                if old is not None:
+                    self.by_state[old[0]] = self.by_state.get(old[0], 0) - 1
+                    self.parked_bytes -= old[1]
+                self.by_state[state] = self.by_state.get(state, 0) + 1
+                self.parked_bytes += now[1]
+                self._counted[key] = now
+            if holds_kv(state, row.kv_blocks):
                 self.holding.add(key)
-            elif sign < 0:
+            else:
                 self.holding.discard(key)
 
-    def state_set(self, row: SessionRow, new: str, old: str) -> None:
+    def remove(self, key: SessionKey) -> None:
         with self._lock:
-            self.by_state[old] = self.by_state.get(old, 0) - 1
-            self.by_state[new] = self.by_state.get(new, 0) + 1
-            if old == State.PARKED:
-                self.parked_bytes -= row.kv_bytes
-            if new == State.PARKED:
-                self.parked_bytes += row.kv_bytes
-            self._hold(row, holds_kv(new, row.kv_blocks))
-
-    def blocks_set(self, row: SessionRow, new: int) -> None:
-        with self._lock:
-            self._hold(row, holds_kv(row.state, new))
-
-    def _hold(self, row: SessionRow, holds: bool) -> None:
-        key = (row.tenant, row.session_id)
-        if holds:
-            self.holding.add(key)
-        else:
+            old = self._counted.pop(key, None)
+            if old is not None:
+                self.by_state[old[0]] = self.by_state.get(old[0], 0) - 1
+                self.parked_bytes -= old[1]
             self.holding.discard(key)
 
     def holders(self) -> list[SessionKey]:
         with self._lock:
             return list(self.holding)
 
-    def bytes_set(self, row: SessionRow, new: int, old: int) -> None:
-        if row.state == State.PARKED:
-            with self._lock:
-                self.parked_bytes += new - old
-
     def figures(self) -> tuple[dict[str, int], int]:
         with self._lock:
             return dict(self.by_state), self.parked_bytes
-
-
-_TALLY = "_agentpark_tally"  # the StateTally of the registry holding a row
-
-
-@event.listens_for(SessionRow.state, "set", active_history=True)
-def _on_state(row: SessionRow, new: str, old: object, _initiator: object) -> None:
-    tally: StateTally | None = getattr(row, _TALLY, None)
-    if tally is not None and isinstance(old, str) and new != old:
-        tally.state_set(row, new, old)
-
-
-@event.listens_for(SessionRow.kv_blocks, "set", active_history=True)
-def _on_kv_blocks(row: SessionRow, new: int, old: object, _initiator: object) -> None:
-    tally: StateTally | None = getattr(row, _TALLY, None)
-    if tally is not None and new != old:
-        tally.blocks_set(row, new)
-
-
-@event.listens_for(SessionRow.kv_bytes, "set", active_history=True)
-def _on_kv_bytes(row: SessionRow, new: int, old: object, _initiator: object) -> None:
-    tally: StateTally | None = getattr(row, _TALLY, None)
-    if tally is not None and isinstance(old, int) and new != old:
-        tally.bytes_set(row, new, old)
 
 
 class Registry:
@@ -189,15 +155,12 @@ class Registry:
         with self._lock:
             self.remove(live)
             self._sessions[live.key] = live
-            setattr(live.row, _TALLY, self.tally)
-            self.tally.counted(live.row, +1)
+            self.tally.update(live.row)
 
     def remove(self, live: LiveSession) -> None:
         with self._lock:
-            held = self._sessions.pop(live.key, None)
-            if held is not None:
-                self.tally.counted(held.row, -1)
-                setattr(held.row, _TALLY, None)
+            if self._sessions.pop(live.key, None) is not None:
+                self.tally.remove(live.key)
 
     @contextmanager
     def adding(self) -> Iterator[dict[SessionKey, LiveSession]]:

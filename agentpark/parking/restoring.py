@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import time
 
-from agentpark.enums import EventKind, Reason, RestoredFrom, State, Tier
-from agentpark.errors import (
-    InvalidStateError,
-    StorageUnavailableError,
-)
+from agentpark.enums import Reason, RestoredFrom, State, Tier
+from agentpark.errors import InvalidStateError, TransferError
 from agentpark.parking.base import BACKGROUND_REASONS, INLINE_BYTES, CoreBase
 from agentpark.parking.registry import LiveSession
 from agentpark.parking.types import (
@@ -41,18 +38,23 @@ class Restoring(CoreBase):
             row = live.row
             if row.state == State.ACTIVE:
                 if reason != Reason.PREFETCH:
-                    self.observe_tool_return(live)
+                    self.transitions.tool_return(live)
                 self.registry.release(live)
                 return ResumeResult(row, RestoredFrom.POOL, 0.0)
             if row.state not in (State.PARKED, State.LOST):
                 raise InvalidStateError(f"cannot resume in state {row.state}", state=row.state)
-            blocks = self.host.claim(live, self.geometry.blocks_for(len(live.tokens)))
+            if self.engine is None:
+                raise InvalidStateError(
+                    "this session's KV lives in an external engine: it is restored into the "
+                    "engine's blocks on the session's next turn, not by resume"
+                )
+            blocks = self.engine.claim(live, self.geometry.blocks_for(len(live.tokens)))
+            source = RestoredFrom(row.tier) if row.tier else RestoredFrom.RECOMPUTE
+            self.transitions.begin_restore(live)
         except BaseException:
             if live.operation is not None:
                 self.registry.release(live)
             raise
-        source = RestoredFrom(row.tier) if row.tier else RestoredFrom.RECOMPUTE
-        row.state = State.RESUMING if row.state == State.PARKED else State.RECOMPUTING
 
         def job() -> ResumeResult:
             return self.restore_locked(live, blocks, reason)
@@ -71,16 +73,17 @@ class Restoring(CoreBase):
         re-prefills in a few milliseconds).
         """
         self.refuse_if_draining()
+        engine = self.engine
         live = self.live(tenant, session_id)
         n = self.geometry.blocks_for(len(live.tokens))
-        if not _inline(live, n * self.geometry.block_nbytes):
+        if engine is None or not _inline(live, n * self.geometry.block_nbytes):
             return None
-        with self.host.engine_lock_now() as engine_free:
+        with engine.engine_lock_now() as engine_free:
             if not engine_free or not self.registry.try_acquire(live, "resume"):
                 return None
             try:
                 # Again, now that the session is held: it may have moved meanwhile.
-                blocks = self.host.claim_now(live, n) if _inline(live, 0) else None
+                blocks = engine.claim_now(live, n) if _inline(live, 0) else None
             except BaseException:
                 self.registry.release(live)
                 raise
@@ -88,78 +91,40 @@ class Restoring(CoreBase):
                 self.registry.release(live)
                 return None
             try:
+                self.transitions.begin_restore(live)
                 return self.restore_locked(live, blocks, Reason.EXPLICIT)
             finally:
                 self.registry.release(live)
 
-    def restore_locked(
-        self, live: LiveSession, blocks: list[int], reason: str, keep_tokens: int | None = None
-    ) -> ResumeResult:
-        """Restore a PARKED or LOST session into ``blocks`` (already claimed for it).
-
-        ``keep_tokens``: restore only that prefix of the token log (whole blocks, one per
-        entry of ``blocks``); the session then holds just those tokens.
-        """
+    def restore_locked(self, live: LiveSession, blocks: list[int], reason: str) -> ResumeResult:
+        """Restore a RESUMING or RECOMPUTING session (:meth:`Transitions.begin_restore`)
+        into ``blocks``, already claimed for it: copy the parked copy, or recompute."""
         row = live.row
         started = time.perf_counter()
-        old_tokens, old_logits = live.tokens, live.next_logits  # put back if refused
         parked = row.tier is not None
         from_state = State.PARKED if parked else State.LOST
         from_tier = row.tier
-        row.state = State.RESUMING if parked else State.RECOMPUTING
         try:
             if parked and not self._restore_copy(live, blocks):
                 parked = False  # the copy is damaged: recompute instead, and say why
-                row.state = State.RECOMPUTING
-            if parked:
-                restored_from = RestoredFrom(from_tier or "")
-            else:
-                if live.tokens:
-                    self.host.recompute(live, blocks)
-                restored_from = RestoredFrom.RECOMPUTE
+                self.transitions.must_recompute(live)
+            if not parked and live.tokens:
+                if self.engine is None:
+                    raise TransferError("the engine recomputes what is not parked")
+                self.engine.recompute(live, blocks)
         except Exception as exc:
-            self.host.release(live, blocks)
-            row.state = State.PARKED if row.tier is not None else State.LOST
-            self.events.failure(
-                row, EventKind.RESTORE_FAILED, exc, at=time.time(), from_tier=from_tier
-            )
+            self.transitions.abort_restore(live, blocks, exc, from_tier)
             raise as_transfer_error("resume", exc) from exc
-        recomputed = restored_from == RestoredFrom.RECOMPUTE
-        src_tier = row.tier
-        live.block_table = blocks
-        if keep_tokens is not None:
-            live.tokens = live.tokens[:keep_tokens]
-        now = time.time()
-        elapsed_ms = (time.perf_counter() - started) * 1e3
-        event = self.events.event(
-            row,
-            EventKind.RECOMPUTE if recomputed else EventKind.RESUME,
-            now,
-            from_state=from_state,
-            to_state=State.ACTIVE,
-            from_tier=row.tier,
+        restored_from = RestoredFrom(from_tier or "") if parked else RestoredFrom.RECOMPUTE
+        elapsed_ms = self.transitions.finish_restore(
+            live,
+            blocks,
             reason=reason,
-            nbytes=len(blocks) * self.geometry.block_nbytes,
-            duration_ms=elapsed_ms,
-            detail=row.lost_reason if recomputed else None,
+            started=started,
+            from_state=from_state,
+            recomputed=not parked,
+            tool_return=reason not in (Reason.PREFETCH, Reason.GENERATE),
         )
-        row.state, row.tier, row.parked_handle, row.lost_reason = State.ACTIVE, None, None, None
-        row.checksum, row.tier_since = None, None
-        row.last_active_at = now
-        if not recomputed:
-            self.mover.measured(event.bytes or 0, elapsed_ms)
-        self.sync_kv(live, log_changed=recomputed or keep_tokens is not None)
-        try:
-            self.events.commit(row, event)
-        except StorageUnavailableError:  # the row is as before: parked (or lost) again
-            live.block_table = []
-            live.tokens, live.next_logits = old_tokens, old_logits
-            self.host.release(live, blocks)
-            raise
-        if not recomputed:  # only once the commit that stops referencing them is in
-            self.free_slots(live, src_tier)
-        if reason not in (Reason.PREFETCH, Reason.GENERATE):
-            self.observe_tool_return(live)
         return ResumeResult(row, restored_from, elapsed_ms)
 
     def _restore_copy(self, live: LiveSession, blocks: list[int]) -> bool:
@@ -176,7 +141,7 @@ class Restoring(CoreBase):
             self.lose_copy(live, tier.name, gone)
             return False
         slots = live.slots[: len(blocks)]
-        if self.mover.restore(tier, slots, live.slots, self._endpoint(), blocks, row.checksum):
+        if self.mover.restore(tier, slots, live.slots, self.endpoint(), blocks, row.checksum):
             return True
-        self.drop_corrupt(live, tier.name)
+        self.transitions.lose_corrupt(live, tier.name)
         return False

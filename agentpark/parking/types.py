@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from agentpark.blocks import PoolGeometry
 from agentpark.enums import Decision, Reason, RestoredFrom, Tier, TierChoice
@@ -22,6 +22,7 @@ from agentpark.store.models import SessionRow
 __all__ = [
     "Advisor",
     "CoreOptions",
+    "EngineHost",
     "KVHost",
     "MoveResult",
     "PauseAdvice",
@@ -43,6 +44,19 @@ class KVHost(Protocol):
         """The pool as the mover's copy source and destination (None: the engine copies)."""
         ...
 
+    def release(self, live: LiveSession, blocks: Sequence[int]) -> None:
+        """The blocks go back to the engine (after a park, a delete, a failed restore)."""
+        ...
+
+    def pool_figures(self) -> PoolFigures: ...
+
+
+@runtime_checkable
+class EngineHost(KVHost, Protocol):
+    """An engine whose blocks the core allocates and fills itself (one in this process):
+    REST resume, the event loop's fast paths and recompute need these. An external engine
+    (vLLM) restores a session into its own blocks on its next turn, so it has none."""
+
     def claim(self, live: LiveSession, n: int) -> list[int]:
         """``n`` pool blocks for a restore of ``live`` (PoolFullError when there are none)."""
         ...
@@ -56,15 +70,13 @@ class KVHost(Protocol):
         else does; yields whether it got it. The non-waiting fast paths start here."""
         ...
 
-    def release(self, live: LiveSession, blocks: Sequence[int]) -> None:
-        """The blocks go back to the engine (after a park, a delete, a failed restore)."""
-        ...
-
     def recompute(self, live: LiveSession, blocks: Sequence[int]) -> None:
         """Rebuild the KV of ``live.tokens`` into ``blocks`` (and ``live.next_logits``)."""
         ...
 
-    def pool_figures(self) -> PoolFigures: ...
+    def wake(self) -> None:
+        """Wake every request waiting for blocks (drain: they give up with 503)."""
+        ...
 
 
 @dataclass(frozen=True)

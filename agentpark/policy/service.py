@@ -179,7 +179,7 @@ class PolicyService:
             if row.state != State.PARKED or now - row.last_active_at < ttl:
                 return False
             why = f"parked copy untouched for {ttl:g}s (policy.parked_ttl_s): dropped"
-            core.drop_copy(live, Reason.TTL, why)
+            core.transitions.lose(live, Reason.TTL, why)
         log.info("policy: %s/%s: %s", tenant, session_id, why)
         return True
 
