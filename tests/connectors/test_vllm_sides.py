@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from agentpark.blocks import PoolGeometry
 from agentpark.connectors.client import ControlClient
 from agentpark.connectors.copies import Copies, CopyRefused, OffCopies
 from agentpark.connectors.protocol import Layout, PoolFile
@@ -238,3 +239,16 @@ def test_a_scheduler_with_agentpark_off_matches_nothing_and_says_why(
             "restored_from": None,
         }
     assert scheduler.requests_in_flight == 0
+
+
+def test_a_layout_is_one_geometry_on_the_daemon_and_in_the_worker(
+    control_daemon: ControlDaemon,
+) -> None:
+    _sides(control_daemon)
+    mine = PoolGeometry.from_layout(LAYOUT.num_blocks, LAYOUT.block_size, LAYOUT.arrays)
+    tier = control_daemon.service.tier
+    assert tier is not None
+    assert (tier.geometry.block_size, tier.geometry.arrays) == (BLOCK, mine.arrays)
+    assert mine.block_nbytes == 2 * (2 * BLOCK * 8 * 2)
+    with pytest.raises(ValueError, match="positive"):
+        PoolGeometry.from_layout(4, BLOCK, [((2, 0), "uint16")])
