@@ -90,8 +90,8 @@ def _load_time_imports(module: str) -> set[str]:
             pending.extend([*node.body, *node.orelse, *node.finalbody])
             for handler in node.handlers:
                 pending.extend(handler.body)
-        elif isinstance(node, ast.With):
-            pending.extend(node.body)
+        elif isinstance(node, ast.With | ast.ClassDef):
+            pending.extend(node.body)  # run at import (a function's body is not)
     with_parents: set[str] = set()
     for name in names:
         parts = name.split(".")
