@@ -57,6 +57,23 @@ class PoolGeometry:
         if not self.arrays:
             raise ValueError("a pool has at least one array")
 
+    @classmethod
+    def from_layout(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        arrays: Iterable[tuple[Sequence[int], str]],
+    ) -> PoolGeometry:
+        """The geometry of a layout as the wire carries it: ``(block_shape, dtype)`` per array.
+
+        The one conversion the daemon and both connector workers share, so a layout means
+        the same pool on each side. ValueError for a shape or count that is not positive.
+        """
+        specs = tuple(
+            ArraySpec(tuple(int(d) for d in shape), str(dtype)) for shape, dtype in arrays
+        )
+        return cls(int(num_blocks), int(block_size), specs)
+
     @property
     def block_nbytes(self) -> int:
         """Bytes one block takes over all pool arrays (what a parked block costs in a tier)."""

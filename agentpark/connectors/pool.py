@@ -21,20 +21,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agentpark.blocks import ArraySpec, PoolGeometry
+from agentpark.blocks import PoolGeometry
 from agentpark.connectors.protocol import Layout, PoolFile
 from agentpark.integrity import checksum, matches
 from agentpark.tiers.base import HostTier
 from agentpark.tiers.filetier import read_header
 
-__all__ = ["MappedPool", "layout_geometry"]
+__all__ = ["MappedPool"]
 
 log = logging.getLogger("vllm.agentpark")
-
-
-def layout_geometry(layout: Layout) -> PoolGeometry:
-    arrays = tuple(ArraySpec(tuple(shape), dtype) for shape, dtype in layout.arrays)
-    return PoolGeometry(layout.num_blocks, layout.block_size, arrays)
 
 
 class _Buffers:
@@ -60,7 +55,9 @@ class MappedPool:
         if int(header.get("capacity_blocks", -1)) != pool.capacity_blocks:
             raise ValueError(f"{pool.path}: capacity differs from what the daemon said")
         self.pool = pool
-        self.geometry = layout_geometry(layout)
+        self.geometry = PoolGeometry.from_layout(
+            layout.num_blocks, layout.block_size, layout.arrays
+        )
         fd = os.open(pool.path, os.O_RDWR)
         try:
             if os.fstat(fd).st_size != pool.file_bytes:

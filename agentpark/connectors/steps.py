@@ -1,14 +1,15 @@
 """What the connector's scheduler side tells its worker for one engine step (picklable).
 
-Light on purpose (no vLLM, torch or JAX): the torch worker (agentpark.connectors.vllm) and
-the TPU worker (agentpark.connectors.tpu) both read these.
+Light on purpose (no vLLM, torch or JAX): the scheduler side (agentpark.connectors.scheduler)
+writes these, the torch worker (agentpark.connectors.torch_copies) and the TPU worker
+(agentpark.connectors.tpu) read them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["LoadMeta", "StoreMeta"]
+__all__ = ["LoadMeta", "StepPlan", "StoreMeta"]
 
 
 @dataclass
@@ -34,3 +35,12 @@ class LoadMeta:
     parked_slots: list[int]  # the whole parked copy (what the checksum covers)
     checksum: str | None
     pool_id: str | None
+
+
+@dataclass
+class StepPlan:
+    """One engine step's copies: vLLM's metadata for the step (agentpark.connectors.vllm)."""
+
+    stores: list[StoreMeta] = field(default_factory=list)
+    loads: list[LoadMeta] = field(default_factory=list)
+    invalid: list[int] = field(default_factory=list)  # blocks vLLM must recompute

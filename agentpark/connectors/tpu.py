@@ -13,10 +13,11 @@ see ../shared VLLM.md):
   from ``start_load_kv`` and ``get_finished`` too (:meth:`TpuWorker.run_stores` copies a
   store once, whichever hook comes first).
 
-Copies go through agentpark's tpu_sync backend (:class:`agentpark.dma.TpuSyncTransfer`:
-one ``KVCacheManager.d2h``/``h2d`` call per direction over every layer, whole-block runs
-merged, offsets, duplicates and the pool's device addresses checked by agentpark before
-any TPU Sync call).
+Copies go through TPU Sync's KVCacheManager as the daemon's tpu_sync backend drives it,
+with the same shared code (agentpark.connectors.tpu_sync_manager: one ``d2h``/``h2d`` call
+per direction over every layer, whole-block runs merged, offsets, duplicates and the
+arrays' device addresses checked before any TPU Sync call). Nothing of the daemon is
+loaded into vLLM's worker: only the wire protocol and those shared connector modules.
 
 Where the parked bytes live: in TPU Sync's host memory, in THIS (vLLM's worker) process:
 TPU Sync allocates its host blocks itself (pinned and in the TPU's tiled layout on a TPU)
@@ -24,7 +25,8 @@ and has no API to read them, so they cannot be in the daemon's /dev/shm pool fil
 worker sizes them (``tpu_sync_host_bytes``) and registers its layout with
 :class:`~agentpark.connectors.protocol.Held`; the daemon keeps slot bookkeeping only (slot
 ``s`` = TPU Sync host block ``s``) and makes no pool file. Surviving a vLLM restart goes
-through TPU Sync's own shm mode, hardened by :class:`agentpark.dma.TpuSyncShm`, when
+through TPU Sync's own shm mode, hardened by
+:class:`~agentpark.connectors.tpu_sync_shm.TpuSyncShm`, when
 ``tpu_sync_shm_dir`` is set; the host memory's ``instance`` (kept in that directory) tells
 the daemon whether the parked copies it knows are still there. Integrity: none. No
 checksum is taken or claimed (agentpark cannot read those bytes); a copy damaged in host
@@ -49,27 +51,34 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import jax
 
-from agentpark.blocks import ArraySpec, PoolGeometry
+from agentpark.blocks import PoolGeometry
 from agentpark.connectors.client import ControlClient
+from agentpark.connectors.copies import Copies, CopyRefused
 from agentpark.connectors.protocol import Held, Layout
 from agentpark.connectors.steps import LoadMeta, StoreMeta
-from agentpark.dma.tpu_sync import ManagerFactory, TpuSyncShm, TpuSyncTransfer
-from agentpark.engine.base import EngineAdapter
+from agentpark.connectors.tpu_sync_manager import (
+    KVCacheManagerLike,
+    ManagerFactory,
+    build_manager,
+    check_pairs,
+    default_manager_factory,
+    device_pointers,
+    run_copy,
+)
+from agentpark.connectors.tpu_sync_shm import TpuSyncShm
 from agentpark.errors import TransferError
-from agentpark.tiers.base import BackendHeldTier
 
 __all__ = [
     "BACKEND",
     "DEFAULT_HOST_BYTES",
     "INSTANCE_FILE",
     "RunnerLike",
-    "RunnerPool",
     "TpuSyncCopies",
     "TpuWorker",
     "host_config",
@@ -137,36 +146,13 @@ def runner_layout(
     return Layout(model_uid, block_size, blocks, tuple(arrays), f"jax.{first.dtype}")
 
 
-def _geometry(layout: Layout) -> PoolGeometry:
-    specs = tuple(ArraySpec(tuple(shape), dtype) for shape, dtype in layout.arrays)
-    return PoolGeometry(layout.num_blocks, layout.block_size, specs)
-
-
-class RunnerPool:
-    """The runner's KV arrays as TpuSyncTransfer's engine: read anew at every copy.
-
-    TpuSyncTransfer binds TPU Sync to the arrays' device memory at the first copy and then
-    refuses any copy after which they sit elsewhere: a donated forward keeps them in place
-    (checked on CPU), a reallocation (e.g. tpu-inference's ``reinitialize_kv_cache``) does not.
-    """
-
-    def __init__(self, runner: RunnerLike, layout: Layout) -> None:
-        self.runner = runner
-        self.geometry = _geometry(layout)
-        self.model_uid = layout.model_uid
-        self.lock = threading.RLock()
-
-    def kv_pool(self) -> list[jax.Array]:
-        arrays = list(self.runner.kv_caches)
-        shapes = [(tuple(int(d) for d in a.shape[1:]), int(a.shape[0])) for a in arrays]
-        expected = [(s.block_shape, self.geometry.num_blocks) for s in self.geometry.arrays]
-        if shapes != expected:
-            raise TransferError("the runner's KV caches no longer have the registered layout")
-        return arrays
-
-
 class TpuSyncCopies:
     """Copies between a runner's KV arrays and TPU Sync's host blocks (the daemon's slots).
+
+    The runner's arrays are read anew at every copy; TPU Sync is bound to their device
+    memory at :meth:`start` and every copy after which they sit elsewhere is refused: a
+    donated forward keeps them in place (checked on CPU), a reallocation (e.g.
+    tpu-inference's ``reinitialize_kv_cache``) does not.
 
     UNVERIFIED (no TPU here): on a TPU the copies are TPU Sync's DMA into its pinned host
     memory; on CPU (tested) they are a memcpy inside TPU Sync.
@@ -181,17 +167,18 @@ class TpuSyncCopies:
         shm_dir: Path | None = None,
         manager_factory: ManagerFactory | None = None,
     ) -> None:
+        self.runner = runner
         self.layout = layout
-        self.pool = RunnerPool(runner, layout)
+        self.geometry = PoolGeometry.from_layout(
+            layout.num_blocks, layout.block_size, layout.arrays
+        )
         self.host_blocks = host_blocks
         self.shm_dir = None if shm_dir is None else Path(shm_dir)
         self.shm = None if self.shm_dir is None else TpuSyncShm(self.shm_dir)
-        engine = cast(EngineAdapter, self.pool)  # TpuSyncTransfer uses lock, kv_pool, geometry
-        self.transfer = TpuSyncTransfer(
-            engine, host_blocks, manager_factory=manager_factory, shm=self.shm
-        )
-        self.slots = BackendHeldTier(BACKEND, self.pool.geometry, host_blocks)
-        """The slots' bounds, for TpuSyncTransfer's checks; the daemon allocates them."""
+        self._factory = manager_factory or default_manager_factory(enable_shm=self.shm is not None)
+        self._manager: KVCacheManagerLike | None = None
+        self._pointers: tuple[int, ...] = ()
+        self.lock = threading.RLock()
 
     def start(self) -> str:
         """Build TPU Sync's manager over the runner's arrays; the host memory's instance.
@@ -202,7 +189,8 @@ class TpuSyncCopies:
         then drops the old copies rather than trusting segments that may be new).
         """
         previous = self._take_instance()
-        self.transfer.start()
+        with self.lock:
+            self._bound()
         if self.shm is not None and self.shm.reattached and previous:
             instance = previous
         else:
@@ -212,15 +200,52 @@ class TpuSyncCopies:
 
     def store(self, block_ids: Sequence[int], slots: Sequence[int]) -> None:
         """Runner blocks ``block_ids[i]`` -> host blocks ``slots[i]``, every layer."""
-        self.transfer.d2h(self._engine, block_ids, self.slots, slots)
+        check_pairs(block_ids, self.geometry.num_blocks, slots, self.host_blocks)
+        if block_ids:
+            with self.lock:
+                run_copy("pause (d2h)", self._bound().d2h, block_ids, slots)
 
     def load(self, slots: Sequence[int], block_ids: Sequence[int]) -> None:
         """Host blocks ``slots[i]`` -> runner blocks ``block_ids[i]``, every layer, in place."""
-        self.transfer.h2d(self.slots, slots, self._engine, block_ids)
+        check_pairs(block_ids, self.geometry.num_blocks, slots, self.host_blocks)
+        if block_ids:
+            with self.lock:
+                run_copy("restore (h2d)", self._bound().h2d, slots, block_ids)
 
-    @property
-    def _engine(self) -> EngineAdapter:
-        return self.transfer.engine
+    def _arrays(self) -> list[jax.Array]:
+        """The runner's KV arrays now; TransferError unless they still have the layout."""
+        arrays = list(self.runner.kv_caches)
+        shapes = [(tuple(int(d) for d in a.shape[1:]), int(a.shape[0])) for a in arrays]
+        expected = [(s.block_shape, self.geometry.num_blocks) for s in self.geometry.arrays]
+        if shapes != expected:
+            raise TransferError("the runner's KV caches no longer have the registered layout")
+        return arrays
+
+    def _bound(self) -> KVCacheManagerLike:
+        """The manager, built on first use; the arrays must not have moved since. Hold the lock."""
+        arrays = self._arrays()
+        try:
+            jax.block_until_ready(arrays)  # type: ignore[no-untyped-call]
+            pointers = device_pointers(arrays)
+        except Exception as exc:
+            raise TransferError(f"the runner's KV caches are not usable: {exc}") from exc
+        if self._manager is None:
+            self._manager = build_manager(
+                self._factory,
+                arrays,
+                self.host_blocks,
+                shm=self.shm,
+                geometry=self.geometry,
+                model_uid=self.layout.model_uid,
+            )
+            self._pointers = pointers
+        elif pointers != self._pointers:
+            raise TransferError(
+                "the runner's KV caches moved in device memory since TPU Sync was bound to "
+                "them; TPU Sync copies to and from the memory it was given, so the copy is "
+                "refused (the runner must update them in place, donated)"
+            )
+        return self._manager
 
     def _instance_path(self) -> Path | None:
         return None if self.shm_dir is None else self.shm_dir / INSTANCE_FILE
@@ -250,8 +275,8 @@ class TpuSyncCopies:
         os.replace(tmp, path)
 
 
-class TpuWorker:
-    """The connector's worker side on tpu-inference (the torch path is in connectors.vllm).
+class TpuWorker(Copies):
+    """The connector's worker copies on tpu-inference (torch's are in connectors.torch_copies).
 
     Builds TPU Sync's manager at once (the host memory is the worker's, sized by
     ``host_bytes``), then registers the layout with the daemon. Every store is reported
@@ -263,6 +288,8 @@ class TpuWorker:
     UNVERIFIED (no TPU here): the integration with tpu-inference's runner and connector
     calls; tested on CPU with a runner-like object and the real TPU Sync wheel.
     """
+
+    stores_at_start = True  # wait_for_save runs only when tokens are scheduled
 
     def __init__(
         self,
@@ -276,10 +303,10 @@ class TpuWorker:
         num_blocks: int | None = None,
         manager_factory: ManagerFactory | None = None,
     ) -> None:
-        self.client = client
+        super().__init__(client)
         layout = runner_layout(runner.kv_caches, block_size, model_uid, num_blocks)
-        block_nbytes = _geometry(layout).block_nbytes
-        host_blocks = host_bytes // block_nbytes
+        geometry = PoolGeometry.from_layout(layout.num_blocks, layout.block_size, layout.arrays)
+        host_blocks = host_bytes // geometry.block_nbytes
         if host_blocks <= 0:
             raise ValueError(f"tpu_sync_host_bytes {host_bytes} is less than one block")
         self.copies = TpuSyncCopies(
@@ -289,11 +316,10 @@ class TpuWorker:
         self.pool_id = f"{BACKEND}:{self.held.instance}"
         self.registered = False
         self._next_register = 0.0
-        self._stored: set[int] = set()
         log.info(
             "agentpark worker (TPU): TPU Sync holds %d host blocks of %d bytes (%s)",
             host_blocks,
-            block_nbytes,
+            geometry.block_nbytes,
             f"shm segments in {shm_dir}" if shm_dir else "process memory: not kept over restarts",
         )
 
@@ -326,58 +352,29 @@ class TpuWorker:
             self.register()
         return self.registered
 
-    def run_stores(self, stores: Iterable[StoreMeta]) -> set[str]:
-        """Copy each store not copied yet; the request ids to report done (all of them)."""
-        done: set[str] = set()
-        for store in stores:
-            if store.store_id in self._stored:
-                continue
-            self._stored.add(store.store_id)
-            ok, detail = False, None
-            try:
-                if store.pool_id != self.pool_id:
-                    detail = f"the daemon's pool {store.pool_id} is not this worker's"
-                    self.register()
-                else:
-                    self.copies.store(store.block_ids, store.slots)
-                    ok = True
-            except (ValueError, TransferError) as exc:
-                detail = f"copy refused: {exc}"
-                log.warning("agentpark worker (TPU): store %d: %s", store.store_id, detail)
-            except Exception as exc:
-                detail = f"copy failed: {exc}"
-                log.exception("agentpark worker (TPU): store %d failed", store.store_id)
-            finally:
-                done.add(store.req_id)
-            self.client.call(
-                "complete_store", store_id=store.store_id, ok=ok, checksum=None, detail=detail
-            )
-        if len(self._stored) > 4096:
-            self._stored.clear()
-        return done
+    def store(self, store: StoreMeta) -> str | None:
+        """Never a checksum: agentpark cannot read TPU Sync's host blocks."""
+        if store.pool_id != self.pool_id:
+            self.register()
+            raise CopyRefused(f"the daemon's pool {store.pool_id} is not this worker's")
+        try:
+            self.copies.store(store.block_ids, store.slots)
+        except (ValueError, TransferError) as exc:
+            log.warning("agentpark worker (TPU): store %d: copy refused: %s", store.store_id, exc)
+            raise CopyRefused(f"copy refused: {exc}") from exc
+        return None
 
-    def run_loads(self, loads: Iterable[LoadMeta]) -> set[int]:
-        """Run each load into the runner's blocks; the blocks vLLM must recompute."""
-        invalid: set[int] = set()
-        for load in loads:
-            ok, cause = False, "copy_error"
-            try:
-                if load.pool_id != self.pool_id:
-                    cause = "pool_changed"
-                    self.register()
-                else:
-                    self.copies.load(load.slots, load.block_ids)
-                    ok = True
-            except ValueError as exc:
-                cause = "refused"
-                log.warning("agentpark worker (TPU): load %d refused: %s", load.load_id, exc)
-            except Exception as exc:
-                log.exception("agentpark worker (TPU): load %d failed: %s", load.load_id, exc)
-            if not ok:
-                invalid.update(load.block_ids)
-                self.client.degraded(f"load_{cause}", f"a parked copy was not loaded ({cause})")
-            self.client.call("load_done", load_id=load.load_id, ok=ok, cause=None if ok else cause)
-        return invalid
+    def load(self, load: LoadMeta) -> None:
+        if load.pool_id != self.pool_id:
+            self.register()
+            raise CopyRefused(
+                f"the daemon's pool {load.pool_id} is not this worker's", "pool_changed"
+            )
+        try:
+            self.copies.load(load.slots, load.block_ids)
+        except ValueError as exc:
+            log.warning("agentpark worker (TPU): load %d refused: %s", load.load_id, exc)
+            raise CopyRefused(str(exc)) from exc
 
 
 def host_config(extra: dict[str, Any]) -> tuple[int, Path | None]:

@@ -91,8 +91,7 @@ def held_pool_id(held: Held) -> str:
 
 
 def _geometry(layout: Layout) -> PoolGeometry:
-    arrays = tuple(ArraySpec(tuple(shape), dtype) for shape, dtype in layout.arrays)
-    return PoolGeometry(layout.num_blocks, layout.block_size, arrays)
+    return PoolGeometry.from_layout(layout.num_blocks, layout.block_size, layout.arrays)
 
 
 class VllmService:

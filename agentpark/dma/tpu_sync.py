@@ -62,14 +62,22 @@ factory; tests inject a stand-in through ``manager_factory``.
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, cast
+from collections.abc import Sequence
 
 import jax
 
-from agentpark.blocks import check_copy, paired_runs
-from agentpark.dma.tpu_sync_shm import SHM_ENV, TpuSyncShm
+from agentpark.blocks import check_copy
+from agentpark.connectors.tpu_sync_manager import (
+    KVCacheManagerLike,
+    ManagerFactory,
+    TransferFuture,
+    build_manager,
+    check_distinct,
+    default_manager_factory,
+    device_pointers,
+    run_copy,
+)
+from agentpark.connectors.tpu_sync_shm import SHM_ENV, TpuSyncShm
 from agentpark.engine.base import EngineAdapter
 from agentpark.errors import TransferError
 from agentpark.tiers.base import HostTier
@@ -88,69 +96,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "install agentpark[tpu] (Python >= 3.12, TPU hosts)"
-
-
-class TransferFuture(Protocol):
-    def wait(self) -> None:
-        """Block until the copy is done; raise RuntimeError if it failed."""
-        ...
-
-
-class KVCacheManagerLike(Protocol):
-    """The part of ``tpu_sync.api.jax.kv_cache_manager.KVCacheManager`` this backend uses."""
-
-    def d2h(
-        self, src_offsets: list[int], dst_offsets: list[int], copy_sizes: list[int] | None = None
-    ) -> TransferFuture: ...
-
-    def h2d(
-        self, src_offsets: list[int], dst_offsets: list[int], copy_sizes: list[int] | None = None
-    ) -> TransferFuture: ...
-
-
-ManagerFactory = Callable[[list[jax.Array], int], KVCacheManagerLike]
-"""``(kv_caches, host_blocks) -> manager``: builds the manager over the pool arrays."""
-
-
-def default_manager_factory(
-    local_control_port: int = 0, parallelism: int = 4, *, enable_shm: bool = False
-) -> ManagerFactory:
-    """Build real TPU Sync managers (imports ``tpu_sync`` only when one is built).
-
-    ``local_control_port=0`` starts no control server (TPU Sync passes ``None`` on for it;
-    its transport listener opens anyway, see the module docstring);
-    ``unsafe_skip_buffer_lock=True`` is TPU Sync's own default: the engine lock, not a
-    per-copy buffer hold, keeps the pool from being used while a copy runs. ``enable_shm``
-    is only ever set by :class:`TpuSyncTransfer` with a :class:`TpuSyncShm`, which sets
-    ``RAIDEN_SHM_KEY`` and the umask around the build.
-    """
-
-    def build(kv_caches: list[jax.Array], host_blocks: int) -> KVCacheManagerLike:
-        if not enable_shm and os.environ.get(SHM_ENV):
-            raise TransferError(
-                f"{SHM_ENV} is set: TPU Sync would put parked KV in /dev/shm segments "
-                "agentpark did not make (created with the umask: world-readable under 022); "
-                "unset it (dma.tpu_sync_shm is the checked way to warm boot)"
-            )
-        from tpu_sync.api.jax.kv_cache_manager import KVCacheManager
-
-        manager = KVCacheManager(
-            kv_caches=kv_caches,
-            local_control_port=local_control_port,
-            host_blocks_to_allocate=host_blocks,
-            unsafe_skip_buffer_lock=True,
-            parallelism=parallelism,
-            enable_shm=enable_shm,
-        )
-        return cast(KVCacheManagerLike, manager)
-
-    return build
-
-
-def _device_pointers(arrays: Sequence[jax.Array]) -> tuple[int, ...]:
-    return tuple(
-        shard.data.unsafe_buffer_pointer() for arr in arrays for shard in arr.addressable_shards
-    )
 
 
 class TpuSyncTransfer:
@@ -209,10 +154,9 @@ class TpuSyncTransfer:
         self._check(engine, block_ids, tier, slots)
         if not block_ids:
             return None
-        src, dst, sizes = paired_runs(block_ids, slots)
         with engine.lock:
             manager = self._bound_manager()
-            self._run("pause (d2h)", manager.d2h, src, dst, sizes)
+            run_copy("pause (d2h)", manager.d2h, block_ids, slots)
         return None
 
     def h2d(
@@ -227,10 +171,9 @@ class TpuSyncTransfer:
         self._check(engine, block_ids, tier, slots)
         if not block_ids:
             return None
-        src, dst, sizes = paired_runs(slots, block_ids)
         with engine.lock:
             manager = self._bound_manager()
-            self._run("restore (h2d)", manager.h2d, src, dst, sizes)
+            run_copy("restore (h2d)", manager.h2d, slots, block_ids)
         return None
 
     # -- internals ----------------------------------------------------------------------------
@@ -243,11 +186,7 @@ class TpuSyncTransfer:
         slots: Sequence[int],
     ) -> None:
         check_copy(block_ids, engine.geometry.num_blocks, slots, self.host_blocks)
-        # A repeated id would make two of TPU Sync's parallel copy streams write one block.
-        for what, ids in (("block ids", block_ids), ("tier slots", slots)):
-            if len(set(ids)) != len(ids):
-                repeated = sorted({i for i in ids if list(ids).count(i) > 1})
-                raise ValueError(f"duplicate {what} {repeated[:8]} in one copy")
+        check_distinct(block_ids, slots)
         if engine is not self.engine:
             raise ValueError("this tpu_sync transfer is bound to another engine")
         if self._tier is None:
@@ -268,27 +207,19 @@ class TpuSyncTransfer:
         arrays = list(self.engine.kv_pool())
         try:
             jax.block_until_ready(arrays)  # type: ignore[no-untyped-call]
-            pointers = _device_pointers(arrays)
+            pointers = device_pointers(arrays)
         except Exception as exc:
             raise TransferError(f"the engine's pool is not usable: {exc}") from exc
         if self._manager is None:
-            for arr in arrays:
-                if arr.sharding.shard_shape(arr.shape)[0] != arr.shape[0]:
-                    raise TransferError(
-                        f"TPU Sync needs the pool's block axis unsharded, got {arr.sharding}"
-                    )
-            manager = self._build(arrays)
-            self._manager, self._pointers = manager, pointers
-            endpoints = getattr(manager, "get_local_endpoints", None)
-            log.warning(
-                "tpu_sync: KVCacheManager over %d pool arrays, %d host blocks%s; it listens "
-                "for transport on the wildcard address (%s), which agentpark cannot narrow and "
-                "never uses",
-                len(arrays),
+            manager = build_manager(
+                self._factory,
+                arrays,
                 self.host_blocks,
-                f", shm key {self.shm.key!r}" if self.shm else "",
-                endpoints() if callable(endpoints) else "endpoint unknown",
+                shm=self.shm,
+                geometry=self.engine.geometry,
+                model_uid=self.engine.model_uid,
             )
+            self._manager, self._pointers = manager, pointers
             return manager
         if pointers != self._pointers:
             raise TransferError(
@@ -297,37 +228,3 @@ class TpuSyncTransfer:
                 "refused (the engine must update its pool in place, donated)"
             )
         return self._manager
-
-    def _build(self, arrays: list[jax.Array]) -> KVCacheManagerLike:
-        shm = self.shm
-        layout: dict[str, Any] = {}
-        if shm is not None:
-            layout = shm.layout(self.engine.geometry, self.engine.model_uid, self.host_blocks)
-        try:
-            if shm is None:
-                return self._factory(arrays, self.host_blocks)
-            shm.prepare(layout)
-            with shm.building():
-                manager = self._factory(arrays, self.host_blocks)
-            shm.commit(layout)
-            return manager
-        except TransferError:
-            raise
-        except Exception as exc:
-            raise TransferError(f"cannot start TPU Sync's KVCacheManager: {exc}") from exc
-
-    @staticmethod
-    def _run(
-        what: str,
-        call: Callable[[list[int], list[int], list[int]], TransferFuture],
-        src: list[int],
-        dst: list[int],
-        sizes: list[int],
-    ) -> None:
-        try:
-            future = call(src, dst, sizes)
-            future.wait()
-        except Exception as exc:
-            raise TransferError(
-                f"TPU Sync {what} of {sum(sizes)} blocks in {len(sizes)} runs failed: {exc}"
-            ) from exc

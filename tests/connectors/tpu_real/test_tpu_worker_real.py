@@ -28,8 +28,8 @@ from tpu_sync.api.jax.kv_cache_manager import KVCacheManager
 
 from agentpark.connectors.steps import LoadMeta, StoreMeta
 from agentpark.connectors.tpu import INSTANCE_FILE, TpuWorker, runner_layout
-from agentpark.dma import TpuSyncShm
-from agentpark.dma.tpu_sync import default_manager_factory
+from agentpark.connectors.tpu_sync_manager import default_manager_factory
+from agentpark.connectors.tpu_sync_shm import TpuSyncShm
 from agentpark.enums import State
 from agentpark.tiers.base import BackendHeldTier
 from tests.connectors.conftest import TENANT, ControlDaemon

@@ -1,0 +1,228 @@
+"""The connector's scheduler side (vLLM's engine-core process): what to load, what to park.
+
+- ``request_finished``: the turn ended. The daemon decides park or keep; to park it
+  reserves slots in the host pool and the connector keeps the request's blocks (delayed
+  free) until the worker has copied them (the next step), then the daemon commits.
+- ``get_num_new_matched_tokens``: a request of a parked session: the whole blocks of its
+  token prefix beyond vLLM's own cache that the parked copy holds (matched on token ids,
+  at least one token left to compute); ``update_state_after_alloc`` takes the parked
+  copy for the load into the blocks vLLM allocated. Loads are synchronous (before the
+  forward that needs them).
+
+A request's record lives from its first match to ``request_finished`` (vLLM calls it for
+every request it frees, aborted ones too). :class:`OffScheduler` is this side with
+agentpark off: it matches nothing and answers every turn "kept" with the reason.
+Light (no vLLM, torch or JAX at run time): vLLM's objects are only read.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agentpark.connectors.client import ControlClient
+from agentpark.connectors.protocol import SessionParams, encode_tokens, parse_params
+from agentpark.connectors.steps import LoadMeta, StepPlan, StoreMeta
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.request import Request
+
+__all__ = ["OffScheduler", "SchedulerSide"]
+
+log = logging.getLogger("vllm.agentpark")
+
+
+@dataclass
+class _Request:
+    """The scheduler side's record of one request of a session."""
+
+    params: SessionParams
+    num_computed: int = 0
+    restored_tokens: int = 0
+    restored_from: str | None = None
+    load_blocks: tuple[int, ...] = ()
+
+
+def _answer(decision: str, why: str, record: _Request | None) -> dict[str, Any]:
+    """What the response's ``kv_transfer_params`` says of the turn."""
+    return {
+        "agentpark": {
+            "decision": decision,
+            "why": why,
+            "restored_tokens": record.restored_tokens if record else 0,
+            "restored_from": record.restored_from if record else None,
+        }
+    }
+
+
+class SchedulerSide:
+    """The scheduler side over the daemon's control socket; its plan goes to the worker."""
+
+    def __init__(self, client: ControlClient, *, tenant: str, block_size: int) -> None:
+        self.client = client
+        self.tenant = tenant
+        self.block_size = block_size
+        self._requests: dict[str, _Request] = {}
+        self._next = StepPlan()
+
+    @property
+    def requests_in_flight(self) -> int:
+        """Requests of a session seen and not finished yet."""
+        return len(self._requests)
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        params = parse_params(request.kv_transfer_params, self.tenant)
+        if params is None or isinstance(params, str):
+            return 0, False
+        record = self._requests.setdefault(request.request_id, _Request(params))
+        record.num_computed = num_computed_tokens
+        tokens = list(request.all_token_ids)
+        answer = self.client.call(
+            "match",
+            encode_tokens(tokens),
+            tenant=self.tenant,
+            session_id=params.session_id,
+            num_computed=num_computed_tokens,
+        )
+        if answer is None or not answer.get("ok"):
+            return 0, False
+        n = int(answer.get("tokens", 0))
+        limit = len(tokens) - 1 - num_computed_tokens
+        if n <= 0 or n % self.block_size or n > limit:
+            return 0, False
+        return n, False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        if num_external_tokens <= 0:
+            return
+        record = self._requests.get(request.request_id)
+        (block_ids, *_rest) = blocks.get_block_ids()
+        start = record.num_computed // self.block_size if record else 0
+        end = start + num_external_tokens // self.block_size
+        targets = list(block_ids[start:end])
+        answer = None
+        if record is not None:
+            answer = self.client.call(
+                "begin_load",
+                encode_tokens(list(request.all_token_ids)),
+                tenant=self.tenant,
+                session_id=record.params.session_id,
+                start_block=start,
+                block_ids=list(block_ids[:end]),
+            )
+        if record is None or answer is None or not answer.get("ok"):
+            # vLLM counted these tokens as loadable: say the blocks failed, it recomputes.
+            if answer is not None:
+                why = str(answer.get("error"))
+                self.client.degraded("load_refused", f"the daemon refused a load: {why}")
+            self._next.invalid.extend(targets)
+            return
+        self._next.loads.append(
+            LoadMeta(
+                request.request_id,
+                int(answer["load_id"]),
+                targets,
+                [int(s) for s in answer["slots"]],
+                [int(s) for s in answer["parked_slots"]],
+                answer.get("checksum"),
+                answer.get("pool_id"),
+            )
+        )
+        record.restored_tokens = num_external_tokens
+        record.restored_from = str(answer.get("tier", "shm"))
+        record.load_blocks = tuple(targets)
+
+    def build_plan(self) -> StepPlan:
+        """This step's copies for the worker; the next step starts an empty plan."""
+        plan, self._next = self._next, StepPlan()
+        return plan
+
+    def loads_failed(self, bad_blocks: set[int]) -> None:
+        """The worker could not load these blocks: their requests restored nothing."""
+        for record in self._requests.values():
+            if record.load_blocks and bad_blocks.intersection(record.load_blocks):
+                record.restored_tokens, record.restored_from = 0, None
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        record = self._requests.pop(request.request_id, None)
+        parsed = parse_params(request.kv_transfer_params, self.tenant)
+        if parsed is None:
+            return False, None
+        if isinstance(parsed, str):
+            # The client's own mistake: said for every request (the counter once per cause).
+            log.info("agentpark: request %s not parked: %s", request.request_id, parsed)
+            self.client.degraded("bad_params", f"request {request.request_id}: {parsed}")
+            return False, _answer("refused", parsed, None)
+        return self._park(request, block_ids, parsed, record)
+
+    def _park(
+        self,
+        request: Request,
+        block_ids: list[int],
+        params: SessionParams,
+        record: _Request | None,
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Ask the daemon to park the turn's whole blocks; True keeps them for the worker."""
+        full = min(request.num_computed_tokens // self.block_size, len(block_ids))
+        if full == 0:
+            return False, _answer("kept", "no whole block of KV to park", record)
+        tokens = list(request.all_token_ids)[: full * self.block_size]
+        ids = [int(b) for b in block_ids[:full]]
+        answer = self.client.call(
+            "prepare_store",
+            encode_tokens(tokens),
+            tenant=self.tenant,
+            session_id=params.session_id,
+            block_ids=ids,
+            tool=params.tool,
+            expected_resume_s=params.expected_resume_s,
+        )
+        if answer is None:
+            return False, _answer("kept", "the agentpark daemon did not answer", record)
+        if not answer.get("ok"):
+            why = str(answer.get("error"))
+            self.client.degraded(str(answer.get("cause", "refused")), f"park refused: {why}")
+            return False, _answer("kept", why, record)
+        if answer.get("decision") != "parked":
+            return False, _answer("kept", str(answer.get("why")), record)
+        self._next.stores.append(
+            StoreMeta(
+                request.request_id,
+                int(answer["store_id"]),
+                ids,
+                [int(s) for s in answer["slots"]],
+                bool(answer.get("checksum")),
+                answer.get("pool_id"),
+            )
+        )
+        return True, _answer("parked", str(answer.get("why")), record)
+
+
+class OffScheduler(SchedulerSide):
+    """The scheduler side with agentpark off: no match, no park, every turn says why."""
+
+    def __init__(self, client: ControlClient, *, tenant: str, block_size: int, why: str) -> None:
+        super().__init__(client, tenant=tenant, block_size=block_size)
+        self.why = why
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return 0, False
+
+    def _park(
+        self,
+        request: Request,
+        block_ids: list[int],
+        params: SessionParams,
+        record: _Request | None,
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return False, _answer("kept", self.why, record)
