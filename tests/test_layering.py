@@ -84,11 +84,7 @@ CONNECTOR_MAY_IMPORT = (
     "agentpark.tiers.base",
     "agentpark.tiers.filetier",
 )
-KNOWN_CONNECTOR_IMPORTS = {
-    # Issue 18, item 6: the TPU worker glue imports nothing of the daemon beyond the protocol.
-    ("agentpark.connectors.tpu", "agentpark.dma.tpu_sync"),
-    ("agentpark.connectors.tpu", "agentpark.engine.base"),
-}
+KNOWN_CONNECTOR_IMPORTS: set[tuple[str, str]] = set()
 
 # The bottom floor stays importable anywhere: none of these in it.
 FRAMEWORKS = ("pydantic", "fastapi", "starlette", "httpx", "sqlalchemy", "uvicorn", "jax")
