@@ -17,6 +17,7 @@ The hierarchy::
     ├── InvalidRequestError             422 invalid_request
     │   └── LimitExceededError          422 limit_exceeded
     ├── PayloadTooLargeError            413 payload_too_large
+    ├── AuthThrottledError              429 auth_throttled
     ├── CapacityError                   507
     │   ├── PoolFullError               507 pool_full
     │   └── TierFullError               507 tier_full
@@ -41,6 +42,7 @@ from pydantic import BaseModel, Field
 
 __all__ = [
     "AgentparkError",
+    "AuthThrottledError",
     "CapacityError",
     "ConfigError",
     "ConflictError",
@@ -172,8 +174,17 @@ class SessionNotFoundError(NotFoundError):
 
     code = "session_not_found"
 
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} not found", session_id=session_id)
+    def __init__(self, session_id: str, *, deleted_at: float | None = None) -> None:
+        if deleted_at is None:
+            super().__init__(f"session {session_id!r} not found", session_id=session_id)
+            return
+        # A deleted session is gone as a resource; its history stays in the events.
+        super().__init__(
+            f"session {session_id!r} was deleted; its history: "
+            f"GET /v1/events?session_id={session_id}",
+            session_id=session_id,
+            deleted_at=deleted_at,
+        )
 
 
 class TokenNotFoundError(NotFoundError):
@@ -240,6 +251,20 @@ class PayloadTooLargeError(AgentparkError):
 
     status = 413
     code = "payload_too_large"
+
+
+class AuthThrottledError(AgentparkError):
+    """Too many failed authentications from this address; retry after Retry-After."""
+
+    status = 429
+    code = "auth_throttled"
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(
+            "too many requests with a missing or invalid token from this address; "
+            "a valid token is still accepted",
+            retry_after_s=retry_after_s,
+        )
 
 
 class CapacityError(AgentparkError):
