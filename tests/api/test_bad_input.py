@@ -113,9 +113,38 @@ def test_malformed_json_is_422(warm: AgentparkClient) -> None:
     assert _snapshot(warm, "s") == before
 
 
-def test_generate_without_any_tokens_is_422(app_client: AgentparkClient) -> None:
+def test_generate_without_any_tokens_is_409(app_client: AgentparkClient) -> None:
+    # The body is valid; the session's state (no tokens yet) is what refuses it.
     app_client.create_session("empty")
-    _error(lambda: app_client.generate("empty"), 422, "invalid_request")
+    _error(lambda: app_client.generate("empty"), 409, "invalid_state")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("generate", {"prompt_tokens": ["1"]}),
+        ("generate", {"prompt_tokens": [True]}),
+        ("generate", {"max_new_tokens": "2"}),
+        ("generate", {"seed": 1.5}),
+        ("generate", {"temperature": True}),
+        ("generate", {"return_logits": 0}),
+        ("pause", {"force": 0}),
+        ("pause", {"expected_resume_s": "3"}),
+    ],
+)
+def test_numbers_and_booleans_of_another_json_type_are_422(
+    warm: AgentparkClient, path: str, body: dict[str, Any]
+) -> None:
+    before = _snapshot(warm, "s")
+    answer = warm.request("POST", f"/v1/sessions/s/{path}", json=body)
+    assert answer.status_code == 422, answer.text
+    assert _snapshot(warm, "s") == before
+
+
+def test_an_integer_written_with_a_zero_fraction_is_an_integer(warm: AgentparkClient) -> None:
+    # JSON Schema's integer includes 2.0; the spec says integer, so it is accepted.
+    body = {"prompt_tokens": [1.0, 2], "max_new_tokens": 1.0, "seed": 10090.0}
+    assert warm.request("POST", "/v1/sessions/s/generate", json=body).status_code == 200
 
 
 @pytest.mark.parametrize(

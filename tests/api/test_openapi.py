@@ -36,6 +36,7 @@ AUTH = {
     400: {"tenant_header_refused"},
     401: {"unauthenticated"},
     403: {"insufficient_scope"},
+    429: {"auth_throttled"},
 }
 OPEN = {
     ("GET", "/healthz"),
