@@ -13,7 +13,8 @@ The hierarchy::
     ├── ConflictError                   409
     │   ├── SessionExistsError          409 session_exists
     │   ├── SessionBusyError            409 session_busy
-    │   └── InvalidStateError           409 invalid_state
+    │   ├── InvalidStateError           409 invalid_state
+    │   └── ContextFullError            409 context_full
     ├── InvalidRequestError             422 invalid_request
     │   └── LimitExceededError          422 limit_exceeded
     ├── PayloadTooLargeError            413 payload_too_large
@@ -46,6 +47,7 @@ __all__ = [
     "CapacityError",
     "ConfigError",
     "ConflictError",
+    "ContextFullError",
     "ErrorBody",
     "ErrorInfo",
     "InvalidRequestError",
@@ -231,6 +233,12 @@ class InvalidStateError(ConflictError):
     """The session's state does not allow this operation (e.g. resume an active one)."""
 
     code = "invalid_state"
+
+
+class ContextFullError(ConflictError):
+    """The session cannot hold that many tokens: the model's context or the whole pool."""
+
+    code = "context_full"
 
 
 class InvalidRequestError(AgentparkError):

@@ -24,6 +24,7 @@ from agentpark.api.schemas import (
 )
 from agentpark.enums import State
 from agentpark.errors import (
+    ContextFullError,
     InvalidRequestError,
     InvalidStateError,
     LimitExceededError,
@@ -157,6 +158,7 @@ def delete_session(caller: SessionsCaller, session_id: str) -> Response:
     responses=error_responses(
         *_ONE_SESSION,
         *_OPERATION,
+        ContextFullError,
         LimitExceededError,
         NotReadyError,
         PayloadTooLargeError,

@@ -29,6 +29,7 @@ from agentpark.engine.sampling import sample
 from agentpark.enums import EventKind, Reason, RestoredFrom, State, TierChoice
 from agentpark.errors import (
     AgentparkError,
+    ContextFullError,
     InvalidRequestError,
     InvalidStateError,
     LimitExceededError,
@@ -324,7 +325,7 @@ class InProcessDriver:
     def _check_fits(self, total_tokens: int) -> None:
         limit = self.engine.max_seq_len
         if total_tokens > limit:
-            raise LimitExceededError(
+            raise ContextFullError(
                 f"session would hold {total_tokens} tokens; the model's limit is {limit} "
                 "(tokens so far + prompt + max_new_tokens)",
                 tokens=total_tokens,
@@ -332,7 +333,7 @@ class InProcessDriver:
             )
         blocks = self.geometry.blocks_for(total_tokens)
         if blocks > self.geometry.num_blocks:
-            raise LimitExceededError(
+            raise ContextFullError(
                 f"session would need {blocks} KV blocks; the whole pool has "
                 f"{self.geometry.num_blocks}",
                 blocks=blocks,

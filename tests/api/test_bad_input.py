@@ -72,7 +72,7 @@ BAD_GENERATE: list[tuple[Any, int, str]] = [
     ({"prompt_tokens": [1, 256]}, 422, "invalid_request"),
     ({"prompt_tokens": "abc"}, 422, "invalid_request"),
     ({"prompt": "x", "surprise": True}, 422, "invalid_request"),
-    ({"prompt_tokens": [7] * 600, "max_new_tokens": 1}, 422, "limit_exceeded"),
+    ({"prompt_tokens": [7] * 600, "max_new_tokens": 1}, 409, "context_full"),
 ]
 
 
@@ -86,7 +86,8 @@ def test_bad_generate_changes_nothing(
 
 
 def test_prompt_longer_than_the_model_names_the_limit(warm: AgentparkClient) -> None:
-    error = _error(lambda: warm.generate("s", prompt_tokens=[7] * 600), 422, "limit_exceeded")
+    # 409: a valid body the session cannot hold (its tokens + prompt + max_new_tokens).
+    error = _error(lambda: warm.generate("s", prompt_tokens=[7] * 600), 409, "context_full")
     assert error.details["max_seq_len"] == 512 and "512" in error.message
 
 
@@ -218,13 +219,13 @@ def test_pool_full_on_generate_is_507_with_the_numbers(
     assert _snapshot(c, "s") == before
 
 
-def test_prompt_larger_than_the_whole_pool_is_422(
+def test_prompt_larger_than_the_whole_pool_is_409(
     make_settings: Callable[..., Settings], app_factory: Callable[[Settings], InProcessApp]
 ) -> None:
     app = app_factory(make_settings(pool={"num_blocks": 4}, model={"max_seq_len": 512}))
     c = app.client()
     c.create_session("s")
-    error = _error(lambda: c.generate("s", prompt_tokens=[3] * 100), 422, "limit_exceeded")
+    error = _error(lambda: c.generate("s", prompt_tokens=[3] * 100), 409, "context_full")
     assert error.details["pool_blocks"] == 4
 
 
