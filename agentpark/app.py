@@ -10,11 +10,14 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 
 from agentpark import __version__
 from agentpark.api import admin, dashboard, host, metrics, sessions, tokens, vllm
+from agentpark.api.auth_limit import AuthLimiter
+from agentpark.api.deps import SpecLimits, served_spec
 from agentpark.api.handlers import AllowMiddleware, BodyLimitMiddleware, install_error_handlers
 from agentpark.api.timing import ServerTimingMiddleware
 from agentpark.auth import Gate, TokenStore, is_loopback
@@ -100,6 +103,13 @@ def create_app(
         app.state.runtime = runtime
         tokens = TokenStore.open(settings.database_url)
         app.state.gate = Gate(tokens, anonymous=anonymous)
+        limits = settings.auth
+        app.state.auth_limiter = AuthLimiter(
+            limits.failure_burst,
+            limits.failure_rate_per_s,
+            limits.max_peers,
+            count=runtime.metrics.count_auth_failure,
+        )
         warm = threading.Thread(
             target=_warm_up, args=(app, runtime), name="agentpark-warmup", daemon=True
         )
@@ -125,6 +135,7 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    _serve_the_spec_of_the_running_mode(app, anonymous)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     routers = (
         sessions.router,
@@ -145,3 +156,37 @@ def create_app(
     )
     app.add_middleware(ServerTimingMiddleware)  # outermost of ours: it times them too
     return app
+
+
+def _serve_the_spec_of_the_running_mode(app: FastAPI, anonymous: bool) -> None:
+    """``/openapi.json`` says whether a token is needed now: optional on the routes the
+    loopback default serves while it does (see agentpark.api.deps.served_spec).
+
+    Before the lifespan runs (``app.openapi()`` in tests, no gate yet), ``anonymous`` says,
+    and the bodies' bounds are the models' own (no runtime to read the configuration from).
+    """
+    generate = app.openapi
+    served: dict[tuple[int, bool, bool], dict[str, Any]] = {}
+
+    def openapi() -> dict[str, Any]:
+        generated = generate()  # FastAPI's own, cached until the routes change
+        gate: Gate | None = getattr(app.state, "gate", None)
+        open_now = gate.open_default() if gate is not None else anonymous
+        runtime: Runtime | None = getattr(app.state, "runtime", None)
+        key = (id(generated), open_now, runtime is not None)
+        if key not in served:
+            served.clear()  # routes changed, or the mode did: at most one copy kept
+            limits = None if runtime is None else _spec_limits(runtime)
+            served[key] = served_spec(generated, open_default=open_now, limits=limits)
+        return served[key]
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _spec_limits(runtime: Runtime) -> SpecLimits:
+    engine = runtime.engine
+    return SpecLimits(
+        tiers=tuple(runtime.parking.tiers),
+        max_new_tokens=runtime.settings.limits.max_new_tokens,
+        vocab_size=None if engine is None else engine.vocab_size,
+    )

@@ -162,7 +162,7 @@ def _create_session(
 
 
 def _get_session(session_id: str) -> _Call[SessionOut]:
-    """One session, deleted ones too (``GET /v1/sessions/{id}``)."""
+    """One session (``GET /v1/sessions/{id}``); a deleted one is 404, its history in events."""
     return _Call("GET", _session(session_id), _model(SessionOut))
 
 

@@ -235,6 +235,20 @@ class LimitSettings(_Section):
     )
 
 
+class AuthSettings(_Section):
+    """Failed authentications per peer (agentpark.api.auth_limit): past the burst, 429."""
+
+    failure_burst: int = Field(
+        50, ge=1, le=1_000_000, description="401s a peer may get at once before 429s"
+    )
+    failure_rate_per_s: float = Field(
+        5.0, gt=0.0, le=1_000_000.0, description="401s per second a peer may get after that"
+    )
+    max_peers: int = Field(
+        10_000, ge=1, le=10_000_000, description="peers tracked; the oldest is forgotten"
+    )
+
+
 class ReliabilitySettings(_Section):
     """What the daemon does about its own storage: the database and the tier files."""
 
@@ -350,6 +364,7 @@ class Settings(BaseSettings):
     tiers: TierSettings = TierSettings()
     dma: DmaSettings = DmaSettings()
     limits: LimitSettings = LimitSettings()
+    auth: AuthSettings = AuthSettings()
     integrity: IntegritySettings = IntegritySettings()
     shutdown: ShutdownSettings = ShutdownSettings()
     reliability: ReliabilitySettings = ReliabilitySettings()

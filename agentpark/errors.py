@@ -13,10 +13,12 @@ The hierarchy::
     ├── ConflictError                   409
     │   ├── SessionExistsError          409 session_exists
     │   ├── SessionBusyError            409 session_busy
-    │   └── InvalidStateError           409 invalid_state
+    │   ├── InvalidStateError           409 invalid_state
+    │   └── ContextFullError            409 context_full
     ├── InvalidRequestError             422 invalid_request
     │   └── LimitExceededError          422 limit_exceeded
     ├── PayloadTooLargeError            413 payload_too_large
+    ├── AuthThrottledError              429 auth_throttled
     ├── CapacityError                   507
     │   ├── PoolFullError               507 pool_full
     │   └── TierFullError               507 tier_full
@@ -39,9 +41,11 @@ from typing import Any, ClassVar
 
 __all__ = [
     "AgentparkError",
+    "AuthThrottledError",
     "CapacityError",
     "ConfigError",
     "ConflictError",
+    "ContextFullError",
     "InvalidRequestError",
     "InvalidStateError",
     "LimitExceededError",
@@ -166,8 +170,17 @@ class SessionNotFoundError(NotFoundError):
 
     code = "session_not_found"
 
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} not found", session_id=session_id)
+    def __init__(self, session_id: str, *, deleted_at: float | None = None) -> None:
+        if deleted_at is None:
+            super().__init__(f"session {session_id!r} not found", session_id=session_id)
+            return
+        # A deleted session is gone as a resource; its history stays in the events.
+        super().__init__(
+            f"session {session_id!r} was deleted; its history: "
+            f"GET /v1/events?session_id={session_id}",
+            session_id=session_id,
+            deleted_at=deleted_at,
+        )
 
 
 class TokenNotFoundError(NotFoundError):
@@ -216,6 +229,12 @@ class InvalidStateError(ConflictError):
     code = "invalid_state"
 
 
+class ContextFullError(ConflictError):
+    """The session cannot hold that many tokens: the model's context or the whole pool."""
+
+    code = "context_full"
+
+
 class InvalidRequestError(AgentparkError):
     """The request is malformed or names something unknown (body, query or header)."""
 
@@ -234,6 +253,20 @@ class PayloadTooLargeError(AgentparkError):
 
     status = 413
     code = "payload_too_large"
+
+
+class AuthThrottledError(AgentparkError):
+    """Too many failed authentications from this address; retry after Retry-After."""
+
+    status = 429
+    code = "auth_throttled"
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(
+            "too many requests with a missing or invalid token from this address; "
+            "a valid token is still accepted",
+            retry_after_s=retry_after_s,
+        )
 
 
 class CapacityError(AgentparkError):

@@ -48,6 +48,7 @@ agentpark_transfer_bandwidth_bytes_per_second               histogram  direction
 agentpark_pause_duration_seconds                            histogram  tier
 agentpark_resume_duration_seconds                           histogram  source
 agentpark_vllm_degraded_total                               counter    cause
+agentpark_auth_failures_total                               counter    answer
 =========================================================  =========  =======================
 
 plus the ``process_*`` series of this process. ``direction`` is ``park`` (pool to a tier;
@@ -56,6 +57,8 @@ they came from) or ``move`` (a copy from one tier to another, whatever its reaso
 ``tier`` is the destination). ``source`` is the tier a resume restored from, ``recompute``
 when the parked copy was gone and the session was rebuilt by re-prefill, or ``pool`` for a
 resume that found the session already in the pool (when parking records one).
+``answer`` is what a failed authentication got: ``unauthenticated`` (401) or ``throttled``
+(429, its peer over ``[auth]``'s limit; agentpark.api.auth_limit).
 """
 
 from __future__ import annotations
@@ -131,6 +134,7 @@ METRIC_NAMES = (
     "agentpark_pause_duration_seconds",
     "agentpark_resume_duration_seconds",
     "agentpark_vllm_degraded_total",
+    "agentpark_auth_failures_total",
 )
 
 
@@ -239,6 +243,13 @@ class Metrics:
             (*h, "cause"),
             registry=reg,
         )
+        self.auth_failures = Counter(
+            "agentpark_auth_failures",
+            "Requests refused for a missing or invalid token, by answer: unauthenticated "
+            "(401) or throttled (429: too many from one peer).",
+            (*h, "answer"),
+            registry=reg,
+        )
         # Sessions whose parked copy failed its checksum and whose recompute is not yet
         # counted: that recompute is a fallback for reason "checksum", not the resume's.
         self._corrupt: set[tuple[str, str]] = set()
@@ -267,6 +278,12 @@ class Metrics:
         self.resumes.labels(host, "recompute", "explicit")
         self.resume_seconds.labels(host, "recompute")
         self.degraded.labels(host, "daemon_unreachable")
+        for answer in ("unauthenticated", "throttled"):
+            self.auth_failures.labels(host, answer)
+
+    def count_auth_failure(self, answer: str) -> None:
+        """A request refused for its token (see agentpark.api.auth_limit)."""
+        self.auth_failures.labels(self.host, answer).inc()
 
     def count_degraded(self, cause: str, n: int = 1) -> None:
         """A vLLM connector's request served without agentpark (see VllmService)."""

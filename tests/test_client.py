@@ -60,7 +60,9 @@ def test_a_session_life_cycle_through_the_client(daemon: Daemon) -> None:
         assert policy.policy.idle_pause_after_s == 0 and policy.bandwidth_bps > 0
 
         ap.delete_session("agent-1")
-        assert ap.get_session("agent-1").state == "deleted"
+        with pytest.raises(AgentparkAPIError) as deleted:
+            ap.get_session("agent-1")
+        assert deleted.value.status == 404
         ap.delete_session("agent-1")  # idempotent
 
 

@@ -13,6 +13,7 @@ from agentpark.api.deps import AUTH_ERRORS, ReadySessionsCaller, SessionsCaller
 from agentpark.api.errors_wire import error_responses
 from agentpark.enums import State
 from agentpark.errors import (
+    ContextFullError,
     InvalidRequestError,
     InvalidStateError,
     LimitExceededError,
@@ -123,7 +124,10 @@ def _after(cursor: str | None) -> int:
 
 @router.get("/{session_id}", responses=error_responses(*_ONE_SESSION))
 async def get_session(caller: SessionsCaller, session_id: str) -> SessionOut:
-    """One session of the tenant, deleted ones included.
+    """One session of the tenant; a deleted one is 404 (its history: ``GET /v1/events``).
+
+    A deleted session is gone as a resource, as REST clients (and spec fuzzers) expect
+    after a DELETE; its row stays history, listed by ``GET /v1/sessions?state=deleted``.
 
     ``async``: a live session's row is a dict lookup, answered on the event loop without
     the thread-pool hop (a third of a millisecond here) a sync route pays. A deleted or
@@ -133,6 +137,8 @@ async def get_session(caller: SessionsCaller, session_id: str) -> SessionOut:
     row = caller.parking.live_row(caller.tenant, session_id)
     if row is None:
         row = await run_in_threadpool(caller.parking.get, caller.tenant, session_id)
+    if row.state == State.DELETED:
+        raise SessionNotFoundError(session_id, deleted_at=row.deleted_at or 0.0)
     return SessionOut.of(row)
 
 
@@ -152,6 +158,7 @@ def delete_session(caller: SessionsCaller, session_id: str) -> Response:
     responses=error_responses(
         *_ONE_SESSION,
         *_OPERATION,
+        ContextFullError,
         LimitExceededError,
         NotReadyError,
         PayloadTooLargeError,

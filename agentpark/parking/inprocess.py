@@ -206,7 +206,7 @@ class InProcessDriver:
             if row.state not in (State.ACTIVE, State.PARKED, State.LOST):
                 raise InvalidStateError(f"cannot generate in state {row.state}", state=row.state)
             if not prompt_tokens and live.next_logits is None:
-                raise InvalidRequestError(
+                raise InvalidStateError(  # the session's state, not the body: 409
                     "the session has no tokens yet: give a prompt or prompt_tokens"
                 )
             total = len(live.tokens) + len(prompt_tokens) + max_new_tokens

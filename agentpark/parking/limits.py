@@ -1,6 +1,7 @@
 """What a generate may ask of an in-process engine: token ids of its vocabulary, a bounded
 number of new tokens, and a session that fits the model and the pool (422 before anything
-is touched); and the 507 of a pool without room."""
+is touched; 409 ``context_full`` for a session that would not fit); and the 507 of a
+pool without room."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from collections.abc import Sequence
 
 from agentpark.blocks import PoolGeometry
 from agentpark.engine.base import EngineAdapter
-from agentpark.errors import InvalidRequestError, LimitExceededError, PoolFullError
+from agentpark.errors import (
+    ContextFullError,
+    InvalidRequestError,
+    LimitExceededError,
+    PoolFullError,
+)
 
 __all__ = ["check_fits", "check_generate", "pool_full"]
 
@@ -34,7 +40,7 @@ def check_fits(engine: EngineAdapter, total_tokens: int) -> None:
     """A session of ``total_tokens`` fits the model's length and the whole pool."""
     limit = engine.max_seq_len
     if total_tokens > limit:
-        raise LimitExceededError(
+        raise ContextFullError(
             f"session would hold {total_tokens} tokens; the model's limit is {limit} "
             "(tokens so far + prompt + max_new_tokens)",
             tokens=total_tokens,
@@ -43,7 +49,7 @@ def check_fits(engine: EngineAdapter, total_tokens: int) -> None:
     geometry = engine.geometry
     blocks = geometry.blocks_for(total_tokens)
     if blocks > geometry.num_blocks:
-        raise LimitExceededError(
+        raise ContextFullError(
             f"session would need {blocks} KV blocks; the whole pool has {geometry.num_blocks}",
             blocks=blocks,
             pool_blocks=geometry.num_blocks,

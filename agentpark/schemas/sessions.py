@@ -12,9 +12,9 @@ import math
 import re
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from agentpark.enums import Decision, EventKind, Reason, RestoredFrom, State, Tier, TierChoice
 
@@ -77,7 +77,20 @@ def _repaired(value: Any) -> Any:
     return value
 
 
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's integer: a number with no fraction (``2.0`` too), never text or a bool
+    (pydantic's lax int takes ``"2"`` and ``true``; its strict one refuses ``2.0``)."""
+    if isinstance(value, str | bool):
+        raise ValueError("must be an integer (a JSON number), not text or a boolean")
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+
+
 class _Request(BaseModel):
+    # Numbers and booleans are strict fields (the spec's types: "1" is not an integer, 0
+    # not a boolean); enums stay lax, FastAPI validating the parsed JSON as Python.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     @model_validator(mode="before")
@@ -103,13 +116,17 @@ class GenerateRequest(_Request):
     model_config = ConfigDict(json_schema_extra={"not": {"required": ["prompt", "prompt_tokens"]}})
 
     prompt: str | None = Field(None, description="text, encoded by the engine's tokenizer")
-    prompt_tokens: list[int] | None = Field(None, description="token ids, instead of prompt")
-    max_new_tokens: int = Field(16, ge=1, description="upper bound set by limits.max_new_tokens")
-    temperature: float = Field(0.0, ge=0.0, le=100.0, description="0 is greedy")
+    prompt_tokens: list[JsonInt] | None = Field(None, description="token ids, instead of prompt")
+    max_new_tokens: JsonInt = Field(
+        16, ge=1, description="upper bound set by limits.max_new_tokens"
+    )
+    temperature: float = Field(0.0, ge=0.0, le=100.0, strict=True, description="0 is greedy")
     # 2**53: the largest integer every JSON client (a float64) carries exactly.
-    seed: int = Field(0, ge=0, le=2**53)
+    seed: JsonInt = Field(0, ge=0, le=2**53)
     return_logits: bool = Field(
-        False, description="include the float32 logits of the next token (base64, little-endian)"
+        False,
+        strict=True,
+        description="include the float32 logits of the next token (base64, little-endian)",
     )
 
     @model_validator(mode="after")
@@ -126,10 +143,11 @@ class PauseRequest(_Request):
         ge=0.0,
         le=MAX_EXPECTED_RESUME_S,
         allow_inf_nan=False,
+        strict=True,
         description="seconds until the agent is expected back: finite, 0..2592000 (30 days)",
     )
     tier: TierChoice = Field(TierChoice.AUTO, description="auto: the fastest tier with room")
-    force: bool = Field(False, description="park even when the policy would keep it")
+    force: bool = Field(False, strict=True, description="park even when the policy would keep it")
 
 
 _MIN_TS = datetime.min.replace(tzinfo=UTC)

@@ -24,7 +24,16 @@ from fastapi.routing import iter_route_contexts
 from agentpark.app import create_app
 from agentpark.auth import Scope
 from agentpark.config import Settings
-from tests.harness import Daemon, InProcessApp, TenantClient, bearer
+from tests.harness import (
+    Daemon,
+    InProcessApp,
+    TenantClient,
+    bearer,
+    private_shm_dir,
+    run_in_process,
+    tiny_settings,
+    unset_agentpark_env,
+)
 
 SESSION = "/v1/sessions/{session_id}"
 TOKEN_RE = re.compile(r"^apk_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
@@ -71,6 +80,19 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", f"{SESSION}/move"): {"tier": "shm"},
     ("POST", "/v1/admin/tokens"): {"tenant": "made-by-admin", "scopes": ["sessions"]},
 }
+
+
+@pytest.fixture(scope="module")
+def shared_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessApp]:
+    """conftest's shared app, with the auth back-off's burst out of reach: this module sends
+    hundreds of bad tokens from one address on purpose, and checks each 401 (the back-off
+    itself: tests/api/test_auth_limit.py)."""
+    with pytest.MonkeyPatch.context() as env, private_shm_dir() as shm:
+        unset_agentpark_env(env)
+        state = tmp_path_factory.mktemp("auth") / "state"
+        settings = tiny_settings(state, shm, auth={"failure_burst": 1_000_000})
+        with run_in_process(settings) as running:
+            yield running
 
 
 def routes(app: FastAPI) -> set[tuple[str, str]]:

@@ -72,7 +72,7 @@ BAD_GENERATE: list[tuple[Any, int, str]] = [
     ({"prompt_tokens": [1, 256]}, 422, "invalid_request"),
     ({"prompt_tokens": "abc"}, 422, "invalid_request"),
     ({"prompt": "x", "surprise": True}, 422, "invalid_request"),
-    ({"prompt_tokens": [7] * 600, "max_new_tokens": 1}, 422, "limit_exceeded"),
+    ({"prompt_tokens": [7] * 600, "max_new_tokens": 1}, 409, "context_full"),
 ]
 
 
@@ -86,7 +86,8 @@ def test_bad_generate_changes_nothing(
 
 
 def test_prompt_longer_than_the_model_names_the_limit(warm: AgentparkClient) -> None:
-    error = _error(lambda: warm.generate("s", prompt_tokens=[7] * 600), 422, "limit_exceeded")
+    # 409: a valid body the session cannot hold (its tokens + prompt + max_new_tokens).
+    error = _error(lambda: warm.generate("s", prompt_tokens=[7] * 600), 409, "context_full")
     assert error.details["max_seq_len"] == 512 and "512" in error.message
 
 
@@ -113,9 +114,39 @@ def test_malformed_json_is_422(warm: AgentparkClient) -> None:
     assert _snapshot(warm, "s") == before
 
 
-def test_generate_without_any_tokens_is_422(app_client: AgentparkClient) -> None:
+def test_generate_without_any_tokens_is_409(app_client: AgentparkClient) -> None:
+    # The body is valid; the session's state (no tokens yet) is what refuses it.
     app_client.create_session("empty")
-    _error(lambda: app_client.generate("empty"), 422, "invalid_request")
+    _error(lambda: app_client.generate("empty"), 409, "invalid_state")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("generate", {"prompt_tokens": ["1"]}),
+        ("generate", {"prompt_tokens": [True]}),
+        ("generate", {"max_new_tokens": "2"}),
+        ("generate", {"seed": 1.5}),
+        ("generate", {"temperature": True}),
+        ("generate", {"return_logits": 0}),
+        ("pause", {"force": 0}),
+        ("pause", {"expected_resume_s": "3"}),
+    ],
+)
+def test_numbers_and_booleans_of_another_json_type_are_422(
+    warm: AgentparkClient, path: str, body: dict[str, Any]
+) -> None:
+    before = _snapshot(warm, "s")
+    _error(
+        lambda: warm.request("POST", f"/v1/sessions/s/{path}", json=body), 422, "invalid_request"
+    )
+    assert _snapshot(warm, "s") == before
+
+
+def test_an_integer_written_with_a_zero_fraction_is_an_integer(warm: AgentparkClient) -> None:
+    # JSON Schema's integer includes 2.0; the spec says integer, so it is accepted.
+    body = {"prompt_tokens": [1.0, 2], "max_new_tokens": 1.0, "seed": 10090.0}
+    assert warm.request("POST", "/v1/sessions/s/generate", json=body).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -189,13 +220,13 @@ def test_pool_full_on_generate_is_507_with_the_numbers(
     assert _snapshot(c, "s") == before
 
 
-def test_prompt_larger_than_the_whole_pool_is_422(
+def test_prompt_larger_than_the_whole_pool_is_409(
     make_settings: Callable[..., Settings], app_factory: Callable[[Settings], InProcessApp]
 ) -> None:
     app = app_factory(make_settings(pool={"num_blocks": 4}, model={"max_seq_len": 512}))
     c = app.client()
     c.create_session("s")
-    error = _error(lambda: c.generate("s", prompt_tokens=[3] * 100), 422, "limit_exceeded")
+    error = _error(lambda: c.generate("s", prompt_tokens=[3] * 100), 409, "context_full")
     assert error.details["pool_blocks"] == 4
 
 

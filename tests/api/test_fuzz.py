@@ -10,6 +10,17 @@ pytest plugin, ``from_fixture``, does not run on pytest 9.)
 ``POST /v1/admin/drain`` is left out: it parks everything and stops the daemon, by design,
 which every later case would then see.
 
+The same spec is then fuzzed by schemathesis' own command line (``st run --checks all``,
+every phase: examples, coverage, fuzzing, stateful) against real uvicorn daemons: one on
+loopback serving without a token (the spec then says the token is optional) and one with
+tokens (the spec says they are required). Zero failures of any kind in both, with
+``REAL_MAX_EXAMPLES`` cases per operation and a fixed seed, so the runs stay short.
+
+Both send hundreds of missing and invalid tokens from one address, on purpose (each case
+without its token, schemathesis' probes of the auth); the daemons' ``[auth]`` burst is
+raised above that (``FUZZ_AUTH``), else the back-off answers them 429 as it should, where
+the checks want the 401 each time (tests/api/test_auth_limit.py tests the back-off).
+
 ``auth_headers`` is the one place the credentials of the requests come from: a bearer
 token of tenant ``fuzz`` with the ``sessions`` and ``operator`` scopes (no ``admin``: the
 admin routes answer 401/403 to it, which the spec documents).
@@ -17,7 +28,10 @@ admin routes answer 401/403 to it, which the spec documents).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import schemathesis
@@ -28,7 +42,9 @@ from schemathesis import BaseSchema, Case, GenerationMode
 from schemathesis.python.asgi import shutdown_lifespans
 
 from agentpark.app import create_app
+from agentpark.config import Settings
 from tests.harness import (
+    Daemon,
     bearer,
     make_token,
     private_shm_dir,
@@ -37,6 +53,8 @@ from tests.harness import (
 )
 
 MAX_EXAMPLES = 25
+REAL_MAX_EXAMPLES = 6
+FUZZ_AUTH = {"failure_burst": 1_000_000}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +62,7 @@ def fuzz_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
     """A daemon app of its own; schemathesis runs its lifespan (start, warm-up, shutdown)."""
     with pytest.MonkeyPatch.context() as env, private_shm_dir() as shm:
         unset_agentpark_env(env)
-        settings = tiny_settings(tmp_path_factory.mktemp("fuzz") / "state", shm)
+        settings = tiny_settings(tmp_path_factory.mktemp("fuzz") / "state", shm, auth=FUZZ_AUTH)
         app = create_app(settings, anonymous=False)  # every request needs its token
         yield app
         shutdown_lifespans()  # the runtime stops, drains into the private shm dir, lets go
@@ -103,3 +121,35 @@ def test_the_api_answers_every_case_as_its_spec_says(
     assert operations == sum(len(methods) for methods in paths) - 1  # all but the drain
     report = "\n\n".join(f"== {label}\n{text}" for label, text in failures.items())
     assert not failures, f"{len(failures)} of {operations} operations failed:\n{report}"
+
+
+def _st_run(daemon: Daemon, tmp_path: Path, *headers: str) -> None:
+    """``st run --checks all`` against the daemon; fails with schemathesis' report."""
+    command = [str(Path(sys.executable).with_name("st")), "run", f"{daemon.url}/openapi.json"]
+    command += ["--checks", "all", "--exclude-path", "/v1/admin/drain", "--no-color"]
+    command += ["--max-examples", str(REAL_MAX_EXAMPLES), "--seed", "23", "--workers", "1"]
+    command += ["--generation-database", "none", "--request-timeout", "60"]
+    for header in headers:
+        command += ["-H", header]
+    ran = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout[-20_000:] + ran.stderr[-5_000:]
+    assert " passed" in ran.stdout and "failure" not in ran.stdout.split("SUMMARY")[-1]
+
+
+@pytest.fixture
+def fuzzed(
+    make_settings: Callable[..., Settings], daemon_factory: Callable[[Settings], Daemon]
+) -> Daemon:
+    return daemon_factory(make_settings(auth=FUZZ_AUTH))
+
+
+def test_a_loopback_daemon_serving_without_a_token_passes_every_check(
+    fuzzed: Daemon, tmp_path: Path
+) -> None:
+    _st_run(fuzzed, tmp_path)
+
+
+def test_a_daemon_that_needs_tokens_passes_every_check(fuzzed: Daemon, tmp_path: Path) -> None:
+    daemon = fuzzed
+    token = daemon.token("fuzz", "sessions,operator,admin")
+    _st_run(daemon, tmp_path, f"Authorization: Bearer {token}")

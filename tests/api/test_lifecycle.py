@@ -136,7 +136,9 @@ def test_delete_frees_blocks_and_keeps_the_row_as_history(app_client: AgentparkC
     assert c.host().pool.free_blocks < free0
     assert c.request("DELETE", "/v1/sessions/d").status_code == 204
     assert c.host().pool.free_blocks == free0
-    assert c.get_session("d").state == "deleted"
+    with pytest.raises(AgentparkAPIError) as deleted:  # its history: the events
+        c.get_session("d")
+    assert deleted.value.status == 404
     assert c.request("DELETE", "/v1/sessions/d").status_code == 204
     with pytest.raises(AgentparkAPIError) as gone:
         c.generate("d", "x", max_new_tokens=1)

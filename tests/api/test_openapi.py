@@ -36,6 +36,7 @@ AUTH = {
     400: {"tenant_header_refused"},
     401: {"unauthenticated"},
     403: {"insufficient_scope"},
+    429: {"auth_throttled"},
 }
 OPEN = {
     ("GET", "/healthz"),
@@ -63,6 +64,7 @@ _OWN_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
     ("POST", f"{SESSION}/generate"): {
         **OPERATION,
         **TOO_LARGE,
+        409: {"session_busy", "invalid_state", "context_full"},
         422: {"invalid_request", "limit_exceeded"},
         507: {"pool_full"},
         500: {"transfer_failed"},

@@ -26,7 +26,7 @@ def test_a_purged_session_id_can_be_created_again(
 
     # Before the purge, as before retention existed: the row answers, the id is taken.
     assert retention.run(time.time()).purged_rows == 0
-    assert client.get_session("agent-1").state == "deleted"
+    assert [s.session_id for s in client.list_sessions(state="deleted").sessions] == ["agent-1"]
     with pytest.raises(AgentparkAPIError) as taken:
         client.create_session("agent-1")
     assert (taken.value.status, taken.value.code) == (409, "session_exists")
