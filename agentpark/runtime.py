@@ -33,6 +33,7 @@ from agentpark.store.repository import SessionStore
 from agentpark.store.retention import Retention, RetentionStore
 from agentpark.store.samples import SampleStore
 from agentpark.tiers.base import BackendHeldTier, HostTier
+from agentpark.tiers.capabilities import WarmsUp
 from agentpark.tiers.factory import build_tiers
 from agentpark.tiers.filetier import orphaned
 
@@ -214,10 +215,10 @@ class Runtime:
             return
         try:
             self.engine.warmup()
-            warmup = getattr(self.driver.transfer, "warmup", None)
+            transfer = self.driver.transfer
             tiers = list(self.parking.tiers.values())
-            if warmup is not None and tiers:
-                warmup(self.engine, max(tiers, key=lambda t: t.capacity_blocks))
+            if isinstance(transfer, WarmsUp) and tiers:
+                transfer.warmup(self.engine, max(tiers, key=lambda t: t.capacity_blocks))
         except Exception:
             log.exception("engine warm-up failed; the daemon stays not ready")
             return

@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import threading
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from agentpark.connectors.protocol import Held, Layout, PoolFile, ProtocolError
 from agentpark.enums import Tier
 from agentpark.errors import ConfigError
 from agentpark.parking import ExternalDriver
-from agentpark.tiers.aside import move_aside
+from agentpark.tiers.aside import move_aside, staging
 from agentpark.tiers.base import BackendHeldTier, HostTier
 from agentpark.tiers.disk import DiskTier
 from agentpark.tiers.factory import disk_path, disk_tier, shm_tier, vllm_held_path, vllm_pool_path
@@ -55,11 +54,6 @@ def held_pool_id(held: Held) -> str:
 def layout_geometry(layout: Layout) -> PoolGeometry:
     arrays = tuple(ArraySpec(tuple(shape), dtype) for shape, dtype in layout.arrays)
     return PoolGeometry(layout.num_blocks, layout.block_size, arrays)
-
-
-def _staging(path: Path) -> Path:
-    """A name beside ``path`` nobody can predict, for a file made before it is used."""
-    return path.with_name(f".{path.name}.new-{secrets.token_hex(8)}")
 
 
 def _same(tier: HostTier | None, geometry: PoolGeometry, model_uid: str, uid: str) -> bool:
@@ -230,7 +224,7 @@ class PoolManager:
         try:
             pool = shm_tier(
                 self.settings,
-                _staging(self.pool_path),
+                staging(self.pool_path),
                 geometry,
                 self.capacity,
                 uid,
@@ -241,7 +235,7 @@ class PoolManager:
         try:
             self._verify(pool)
             disk_at = disk_path(self.settings)
-            disk = disk_tier(self.settings, geometry, uid, path=_staging(disk_at), fresh=True)
+            disk = disk_tier(self.settings, geometry, uid, path=staging(disk_at), fresh=True)
             if disk is not None:
                 self._verify(disk)
         except BaseException as exc:

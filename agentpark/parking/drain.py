@@ -14,6 +14,7 @@ from agentpark.errors import AgentparkError, StorageUnavailableError
 from agentpark.parking.core import SessionCore
 from agentpark.parking.registry import LiveSession
 from agentpark.tiers.base import HostTier
+from agentpark.tiers.capabilities import Wakeable
 
 __all__ = ["drain"]
 
@@ -23,9 +24,8 @@ log = logging.getLogger(__name__)
 def drain(core: SessionCore, deadline_s: float) -> dict[str, int]:
     """Park everything within ``deadline_s``; returns how many ended which way."""
     core.draining = True
-    wake = getattr(core.host, "wake", None)
-    if wake is not None:  # requests waiting for pool blocks give up (503) now
-        wake()
+    if isinstance(core.host, Wakeable):  # requests waiting for pool blocks give up (503) now
+        core.host.wake()
     deadline = time.monotonic() + deadline_s
     persistent = core.mover.candidates(TierChoice.AUTO, persistent_only=True)
     summary = {"parked": 0, "moved": 0, "already_safe": 0, "lost": 0}

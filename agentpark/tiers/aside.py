@@ -12,20 +12,30 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import time
 from pathlib import Path
 
-__all__ = ["ASIDE_MARK", "LEGACY_MARKS", "is_aside", "move_aside"]
+__all__ = ["ASIDE_MARK", "LEGACY_MARKS", "STAGING_MARK", "is_aside", "move_aside", "staging"]
 
 log = logging.getLogger(__name__)
 
 ASIDE_MARK = ".mismatch-"
 LEGACY_MARKS = (".discarded-",)  # what older daemons named a discarded file
+STAGING_MARK = ".new-"  # a file made under this name is renamed into place once verified
 
 
 def is_aside(path: Path) -> bool:
-    """Whether ``path`` names a moved-aside file (this daemon's or an older one's)."""
+    """Whether ``path`` names a file no daemon will use again: moved aside (by this
+    daemon or an older one), or a new file a crash left under its staging name."""
+    if path.name.startswith(".") and STAGING_MARK in path.name:
+        return True
     return any(mark in path.name for mark in (ASIDE_MARK, *LEGACY_MARKS))
+
+
+def staging(path: Path) -> Path:
+    """A name beside ``path`` nobody can predict, for a file made before it is used."""
+    return path.with_name(f".{path.name}{STAGING_MARK}{secrets.token_hex(8)}")
 
 
 def move_aside(path: Path, why: str) -> Path:
