@@ -25,7 +25,14 @@ from agentpark.enums import Tier
 from agentpark.statedir import private_dir, write_private
 from agentpark.tiers.filetier import FileTier
 
-__all__ = ["SHM_DIR_RECORD", "SHM_ROOT", "ShmTier", "default_shm_path", "shm_dir"]
+__all__ = [
+    "SHM_DIR_RECORD",
+    "SHM_ROOT",
+    "ShmTier",
+    "default_shm_path",
+    "legacy_shm_path",
+    "shm_dir",
+]
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +55,7 @@ def _usable(folder: Path, root: Path) -> bool:
     )
 
 
-def _legacy_path(state_dir: Path, root: Path) -> Path:
+def legacy_shm_path(state_dir: Path, root: Path) -> Path:
     """Where older daemons put the file: a predictable name (host, hash of the state dir)."""
     digest = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:12]
     return root / f"agentpark-{socket.gethostname()}-{digest}"
@@ -58,7 +65,7 @@ def _adopt_legacy(state_dir: Path, folder: Path, root: Path) -> None:
     """Move an older daemon's files into ``folder`` when they are plainly ours (a regular
     file of this uid, 0600): its parked sessions are kept across the upgrade. A symlink
     or a stranger's file at that predictable name is left where it is."""
-    legacy = _legacy_path(state_dir, root)
+    legacy = legacy_shm_path(state_dir, root)
     pairs = [
         (legacy, SHM_FILE),
         (legacy.with_name(f"{legacy.name}-vllm"), "vllm-pool"),
