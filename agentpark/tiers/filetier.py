@@ -46,6 +46,7 @@ from agentpark.blocks import PoolGeometry
 from agentpark.errors import ConfigError, TierFullError, TransferError
 from agentpark.tiers.aside import move_aside
 from agentpark.tiers.base import SlotTier
+from agentpark.tiers.filecheck import not_private, unsafe
 from agentpark.tiers.header import (
     FORMAT_VERSION,
     HEADER_BYTES,
@@ -62,17 +63,6 @@ __all__ = ["FORMAT_VERSION", "HEADER_BYTES", "MAGIC", "FileTier", "orphaned", "r
 log = logging.getLogger(__name__)
 
 _OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _not_private(st: os.stat_result) -> str | None:
-    """Why a file with this ``fstat`` is not one this daemon may map, or None."""
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
-    if st.st_uid != os.geteuid():
-        return f"owned by uid {st.st_uid}, not this daemon's uid {os.geteuid()}"
-    if st.st_mode & 0o077:
-        return f"mode {st.st_mode & 0o777:o} is not 0600"
-    return None
 
 
 class FileTier(SlotTier):
@@ -202,25 +192,7 @@ class FileTier(SlotTier):
         """
         if self._fd < 0:
             return f"{self.path} is closed"
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            return f"{self.path} was removed"
-        except OSError as exc:
-            return f"{self.path} cannot be examined: {exc.strerror}"
-        if stat.S_ISLNK(st.st_mode):
-            return f"{self.path} was replaced by a symlink"
-        if (st.st_dev, st.st_ino) != self.identity[:2]:
-            return f"{self.path} was replaced by another file"
-        fst = os.fstat(self._fd)
-        if fst.st_nlink == 0:
-            return f"{self.path} was removed"
-        if fst.st_size < self.file_bytes:
-            return f"{self.path} shrank to {fst.st_size} bytes (mapped {self.file_bytes})"
-        now = (fst.st_uid, stat.S_IMODE(fst.st_mode))
-        if now != self.identity[2:]:
-            return f"{self.path} changed owner or mode to uid {now[0]}, mode {now[1]:o}"
-        return None
+        return unsafe(self.path, self._fd, self.file_bytes, self.identity)
 
     def notice(self) -> str | None:
         """:meth:`missing`, kept in ``gone`` and logged once."""
@@ -299,7 +271,7 @@ class FileTier(SlotTier):
             problem = f"cannot be opened read-write ({exc.strerror})"
         else:
             st = os.fstat(fd)
-            problem = _not_private(st)
+            problem = not_private(st)
             if problem is None:  # never lock (or wait on) a stranger's file
                 self._lock(fd)  # closes fd and raises if another daemon holds it
                 problem = self._mismatch(fd, st)
