@@ -1,14 +1,17 @@
 """``agentpark db cleanup``: find tier files no daemon will use again, and remove them.
 
 Each daemon keeps an shm tier file (default ``/dev/shm/agentpark-<host>-<hash>``, hundreds
-of MiB of RAM) and maybe a disk tier file; a file refused at start is moved aside as
-``<name>.mismatch-<ns>``. Nothing else ever removes them. A tier file is found by its
+of MiB of RAM) and maybe a disk tier file; a file refused at start, discarded or replaced
+by a new layout is moved aside as ``<name>.mismatch-<ns>`` (one per name, ``tiers.aside``),
+and a crash while ``register`` made a new pool file may leave it under its staging name
+(``.<name>.new-<hex>``). Nothing else ever removes them. A tier file is found by its
 header's magic (``AGPKTIER``) in: the entries of the shm folder named ``agentpark-*`` (and one
 level inside such folders, where tests and benches put theirs), the configured state dir,
 and the folders of configured tier paths. Each is put in one class:
 
 - ``in use``: a live daemon holds its ``flock`` (it has the file open). Never removed.
-- ``moved aside``: a ``.mismatch-`` copy; no daemon re-attaches one. Removed.
+- ``moved aside``: a ``.mismatch-`` copy (or an older ``.discarded-`` one, or a staging
+  file left by a crash); no daemon re-attaches one. Removed.
 - ``orphaned``: the header names the owning state dir and that folder is gone. Removed.
 - ``owner running``: the owning state dir is locked by a live daemon that does not have
   this file open (its config changed, or it is starting). Kept.
@@ -32,13 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentpark.statedir import LOCK_NAME
-from agentpark.tiers.filetier import MAGIC, read_header
+from agentpark.tiers.aside import is_aside
+from agentpark.tiers.header import MAGIC, read_header
 
 __all__ = ["TierFile", "find_tier_files", "remove", "run_cleanup"]
 
 SHM_ROOT = Path("/dev/shm")
 PREFIX = "agentpark-"
-MOVED_ASIDE = ".mismatch-"
 
 IN_USE = "in use"
 MOVED = "moved aside"
@@ -126,8 +129,8 @@ def classify(path: Path) -> TierFile:
         return TierFile(path, size, IN_USE, "cannot open it to check its lock; left alone")
     if held:
         return TierFile(path, size, IN_USE, "a live daemon holds its lock")
-    if MOVED_ASIDE in path.name:
-        return TierFile(path, size, MOVED, "refused at a start and moved aside")
+    if is_aside(path):
+        return TierFile(path, size, MOVED, "moved aside (refused, discarded or replaced)")
     try:
         owner = read_header(path).get("state_dir")
     except (ValueError, OSError) as exc:

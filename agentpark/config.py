@@ -80,7 +80,7 @@ class DramTierSettings(_Section):
 class ShmTierSettings(_Section):
     capacity: ByteSize = Field(ByteSize(256 * 2**20), ge=0, le=2**50, description="0 disables")
     path: Path | None = Field(
-        None, description="default /dev/shm/agentpark-<host>-<hash of the state_dir>"
+        None, description="default shm-tier in a private /dev/shm folder (<state_dir>/shm-dir)"
     )
 
 
@@ -205,7 +205,7 @@ class VllmSettings(_Section):
         ByteSize(1 << 30), ge=1 << 20, le=2**50, description="host pool (shm file) size"
     )
     pool_path: Path | None = Field(
-        None, description="default /dev/shm/agentpark-<host>-<hash of the state_dir>-vllm"
+        None, description="default vllm-pool in a private /dev/shm folder (<state_dir>/shm-dir)"
     )
     control_socket: Path | None = Field(None, description="default <state_dir>/control.sock (0600)")
     plan_timeout_s: float = Field(

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentpark.blocks import PoolGeometry
 from agentpark.config import PolicySettings, Settings, load_settings
 from agentpark.control.vllm import VllmService
 from agentpark.dma import (
@@ -34,10 +33,9 @@ from agentpark.store.repository import SessionStore
 from agentpark.store.retention import Retention, RetentionStore
 from agentpark.store.samples import SampleStore
 from agentpark.tiers.base import BackendHeldTier, HostTier
-from agentpark.tiers.disk import DiskTier
-from agentpark.tiers.dram import DramTier
+from agentpark.tiers.capabilities import WarmsUp
+from agentpark.tiers.factory import build_tiers
 from agentpark.tiers.filetier import orphaned
-from agentpark.tiers.shm import ShmTier, default_shm_path
 
 __all__ = ["Runtime"]
 
@@ -217,10 +215,10 @@ class Runtime:
             return
         try:
             self.engine.warmup()
-            warmup = getattr(self.driver.transfer, "warmup", None)
+            transfer = self.driver.transfer
             tiers = list(self.parking.tiers.values())
-            if warmup is not None and tiers:
-                warmup(self.engine, max(tiers, key=lambda t: t.capacity_blocks))
+            if isinstance(transfer, WarmsUp) and tiers:
+                transfer.warmup(self.engine, max(tiers, key=lambda t: t.capacity_blocks))
         except Exception:
             log.exception("engine warm-up failed; the daemon stays not ready")
             return
@@ -282,23 +280,6 @@ class Runtime:
 def host_label(settings: Settings) -> str:
     """The ``host`` label of this daemon's metrics and history (default: the hostname)."""
     return settings.dashboard.host_label or socket.gethostname()
-
-
-def build_tiers(settings: Settings, geometry: PoolGeometry, model_uid: str) -> list[HostTier]:
-    """The enabled tiers, in the order a pause with tier=auto tries them."""
-    cfg = settings.tiers
-    tiers: list[HostTier] = []
-    if cfg.dram.capacity:
-        tiers.append(DramTier(geometry, int(cfg.dram.capacity)))
-    if cfg.shm.capacity:
-        path = cfg.shm.path or default_shm_path(settings.state_dir)
-        tiers.append(ShmTier(path, geometry, int(cfg.shm.capacity), model_uid, settings.state_dir))
-    if cfg.disk.capacity:
-        path = cfg.disk.path or settings.state_dir / "disk-tier.bin"
-        tiers.append(
-            DiskTier(path, geometry, int(cfg.disk.capacity), model_uid, settings.state_dir)
-        )
-    return tiers
 
 
 def settle_orphans(store: SessionStore, tiers: list[HostTier], mode: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agentpark.errors import ConfigError
 
-__all__ = ["LOCK_NAME", "StateLock", "private_dir", "private_file"]
+__all__ = ["LOCK_NAME", "StateLock", "private_dir", "private_file", "write_private"]
 
 log = logging.getLogger(__name__)
 
@@ -119,3 +119,15 @@ class StateLock:
             pass
         finally:
             os.close(fd)  # closing the last descriptor drops the flock
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically (a 0600 file, fsync'ed, renamed over)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

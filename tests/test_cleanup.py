@@ -22,6 +22,7 @@ from agentpark.cleanup import (
 from agentpark.cli import main
 from agentpark.config import Settings
 from agentpark.statedir import StateLock
+from agentpark.tiers.aside import move_aside, staging
 from agentpark.tiers.filetier import read_header
 from agentpark.tiers.shm import ShmTier
 from tests.harness import InProcessApp
@@ -168,3 +169,18 @@ def test_a_running_daemons_tier_files_are_never_removed(
     assert "0 of 2 files to remove" in out, out
     assert shm_path.exists() and disk_path.exists()
     assert running.runtime.ready.is_set()
+
+
+def test_every_name_a_file_is_moved_aside_under_is_counted_as_moved_aside(
+    tmp_path: Path, shm_dir: Path
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    live = _tier_file(shm_dir / "agentpark-pool", state)
+    aside = move_aside(_tier_file(shm_dir / "agentpark-old", state), "test")
+    older = _tier_file(shm_dir / "agentpark-x.discarded-1", state)  # an older daemon's name
+    crashed = _tier_file(staging(shm_dir / "agentpark-pool"), state)  # register died mid-way
+    found = {f.path: f.kind for f in find_tier_files((), shm_root=shm_dir)}
+    found.update({f.path: f.kind for f in find_tier_files([shm_dir], shm_root=tmp_path)})
+    assert found[aside] == found[older] == found[crashed] == MOVED
+    assert found[live] == STOPPED

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -16,7 +17,9 @@ from agentpark.config import Settings
 from agentpark.errors import ConfigError
 from agentpark.runtime import Runtime
 from agentpark.statedir import LOCK_NAME, StateLock
-from agentpark.tiers.shm import default_shm_path
+from agentpark.tiers.shm import SHM_DIR_RECORD
+from agentpark.tiers.shm import legacy_shm_path as legacy_shm_path
+from agentpark.tiers.shm import shm_dir as shm_dir_of
 from tests.harness import DaemonProcess, free_port, write_config
 
 
@@ -87,12 +90,47 @@ def test_a_tier_file_in_use_is_refused(
     StateLock.acquire(tmp_path / "other").release()
 
 
-def test_default_shm_path_is_per_state_dir_not_per_port(tmp_path: Path) -> None:
+def test_the_shm_folder_is_private_unguessable_per_state_dir_and_recorded(
+    tmp_path: Path, shm_dir: Path
+) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
-    assert default_shm_path(a) != default_shm_path(b)
-    assert default_shm_path(a) == default_shm_path(a / ".." / "a")  # the resolved dir
-    assert default_shm_path(a).parent == Path("/dev/shm")
-    assert default_shm_path(a).name.startswith("agentpark-")
+    folder = shm_dir_of(a, root=shm_dir)
+    assert folder != shm_dir_of(b, root=shm_dir)  # per state dir
+    assert shm_dir_of(a / ".." / "a", root=shm_dir) == folder  # recorded, found again
+    assert (a / SHM_DIR_RECORD).read_text().strip() == str(folder)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and folder.parent == shm_dir
+    assert stat.S_IMODE((a / SHM_DIR_RECORD).stat().st_mode) == 0o600
+    # Not derived from the state dir: a new state dir at the same place gets another name.
+    shutil.rmtree(a)
+    assert shm_dir_of(a, root=shm_dir) != folder
+
+
+def test_a_shm_folder_replaced_or_opened_up_is_not_used_again(
+    tmp_path: Path, shm_dir: Path
+) -> None:
+    state = tmp_path / "state"
+    folder = shm_dir_of(state, root=shm_dir)
+    os.chmod(folder, 0o755)
+    opened = shm_dir_of(state, root=shm_dir)
+    assert opened != folder
+    opened.rmdir()
+    opened.symlink_to(folder)  # a symlink where the recorded folder was
+    assert shm_dir_of(state, root=shm_dir) not in (opened, folder)
+
+
+def test_an_older_daemons_file_at_the_predictable_name_is_adopted_only_if_ours(
+    tmp_path: Path, shm_dir: Path
+) -> None:
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    legacy_mine = legacy_shm_path(mine, shm_dir)
+    legacy_mine.write_bytes(b"parked bytes")
+    os.chmod(legacy_mine, 0o600)
+    legacy_theirs = legacy_shm_path(theirs, shm_dir)
+    legacy_theirs.symlink_to(tmp_path / "nowhere")
+    adopted = shm_dir_of(mine, root=shm_dir) / "shm-tier"
+    assert adopted.read_bytes() == b"parked bytes" and not legacy_mine.exists()
+    assert not any(shm_dir_of(theirs, root=shm_dir).iterdir())
+    assert legacy_theirs.is_symlink()  # left where it is, never followed
 
 
 def test_state_dir_database_and_tier_files_are_private_under_a_permissive_umask(

@@ -112,11 +112,11 @@ def test_discard_moves_the_files_aside_and_starts_new_ones(
         for name, path in files.items():
             tier = _tier(runtime, name)
             assert path.stat().st_ino != inodes[name] and not tier.holds_data()
-            (aside,) = path.parent.glob(f"{path.name}.discarded-*")
+            (aside,) = path.parent.glob(f"{path.name}.mismatch-*")  # the one aside name
             assert aside.stat().st_ino == inodes[name]  # moved, never deleted
     finally:
         runtime.shutdown()
-    assert sum("discarded" in r.getMessage() for r in caplog.records) == 2
+    assert sum("tier: discarded" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_a_database_that_knows_sessions_starts_as_before(

@@ -33,13 +33,13 @@ import json
 import logging
 import os
 import stat
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from agentpark.blocks import PoolGeometry
 from agentpark.errors import TransferError
+from agentpark.tiers.aside import move_aside
 
 __all__ = ["SHM_ENV", "SHM_RECORD", "SHM_ROOT", "TpuSyncShm", "tpu_sync_version"]
 
@@ -102,16 +102,14 @@ class TpuSyncShm:
             self.reattached = True
             log.info("tpu_sync shm: re-attaching %s", ", ".join(map(str, existing)))
             return
-        stamp = time.time_ns()
         for path in existing:
-            path.rename(path.with_name(f"{path.name}.mismatch-{stamp}"))
+            move_aside(path, f"tpu_sync shm: {problem}")
         self.record_path.unlink(missing_ok=True)
         self.attach_problem = f"{existing[0]}: {problem}"
         log.error(
-            "tpu_sync shm: refusing to attach %s: %s; moved aside (.mismatch-%d), starting empty",
+            "tpu_sync shm: refusing to attach %s: %s; moved aside, starting empty",
             ", ".join(map(str, existing)),
             problem,
-            stamp,
         )
 
     @contextlib.contextmanager

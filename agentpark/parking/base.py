@@ -38,6 +38,7 @@ from agentpark.store.models import EventRow, SessionRow
 from agentpark.store.repository import SessionStore
 from agentpark.tally import EventTally
 from agentpark.tiers.base import HostTier
+from agentpark.tiers.capabilities import Replaceable
 
 __all__ = ["BACKGROUND_REASONS", "SESSION_ID_RE", "CoreBase"]
 
@@ -212,14 +213,14 @@ class CoreBase:
 
     def tier_gone(self, tier: HostTier) -> str | None:
         """Why ``tier``'s file is no longer ours (removed, replaced), or None; logged once."""
-        gone: str | None = getattr(tier, "gone", None)
-        if gone is not None:
-            return gone
-        missing = getattr(tier, "missing", None)
-        why: str | None = missing() if missing is not None else None
+        if not isinstance(tier, Replaceable):
+            return None
+        if tier.gone is not None:
+            return tier.gone
+        why = tier.missing()
         if why is None:
             return None
-        tier.gone = why  # type: ignore[attr-defined]
+        tier.gone = why
         log.error(
             "%s tier: %s while the daemon runs; its parked sessions are lost (recomputed "
             "from their tokens on resume) and new pauses go to other tiers until the file "
@@ -259,10 +260,9 @@ class CoreBase:
                         lost += 1
                 finally:
                     self.registry.release(live)
-            reopen = getattr(tier, "reopen", None)
-            if reopen is not None and tier.used_blocks == 0:
+            if isinstance(tier, Replaceable) and tier.used_blocks == 0:
                 try:
-                    reopen()
+                    tier.reopen()
                 except (OSError, ConfigError) as exc:
                     log.debug("%s tier: cannot re-create the file yet: %s", tier.name, exc)
                 else:

@@ -15,6 +15,7 @@ import numpy as np
 from agentpark.enums import Reason, State
 from agentpark.parking.core import SessionCore
 from agentpark.parking.registry import LiveSession
+from agentpark.tiers.capabilities import Reattaching
 
 __all__ = ["recover"]
 
@@ -52,10 +53,11 @@ def _lost_reason(core: SessionCore, live: LiveSession) -> str | None:
         return f"daemon restarted: the {row.tier} tier is not enabled"
     if not tier.persistent:
         return f"daemon restarted: the {row.tier} tier is process memory"
-    problem = getattr(tier, "attach_problem", None)
-    if problem:
-        return f"{tier.name} tier file refused at start: {problem}"
-    if not getattr(tier, "reattached", False):
+    if not isinstance(tier, Reattaching):
+        return f"daemon restarted: the {row.tier} tier cannot re-attach its copies"
+    if tier.attach_problem:
+        return f"{tier.name} tier file refused at start: {tier.attach_problem}"
+    if not tier.reattached:
         return f"the {tier.name} tier file was gone at start (reboot or cleanup)"
     slots = list((row.parked_handle or {}).get("slots", []))
     if len(slots) != row.kv_blocks:

@@ -22,6 +22,8 @@ class DiskTier(FileTier):
         capacity_bytes: int,
         model_uid: str,
         owner: Path | None = None,
+        *,
+        fresh: bool = False,
     ) -> None:
         super().__init__(
             Tier.DISK,
@@ -32,4 +34,5 @@ class DiskTier(FileTier):
             durable=True,
             populate=False,
             owner=owner,
+            fresh=fresh,
         )

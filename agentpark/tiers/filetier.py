@@ -1,17 +1,22 @@
 """A tier in one preallocated file, mapped into memory: the shared half of shm and disk.
 
-Layout: a 4 KiB header, then one region per pool array (4 KiB aligned) of
-``capacity_blocks`` rows in the pool's own layout. The header is the magic ``AGPKTIER``,
-a little-endian uint32 format version and uint32 length, then JSON naming the model uid,
-the block geometry, the dtypes and the capacity (and, when the daemon gave it, the state dir
-that owns the file: ``agentpark db cleanup`` reads it). Which slots belong to which session is
-not in the file: it lives in SQLite (``sessions.parked_handle``), written in the same
-transaction that reports the pause done.
+Layout: a header (:mod:`agentpark.tiers.header`: 4 KiB, more for a layout of many arrays),
+then one region per pool array (4 KiB aligned) of ``capacity_blocks`` rows in the pool's
+own layout. The header names the model uid, the block geometry, the dtypes and the
+capacity (and, when the daemon gave it, the state dir that owns the file: ``agentpark db
+cleanup`` reads it). Which slots belong to which session is not in the file: it lives in
+SQLite (``sessions.parked_handle``), written in the same transaction that reports the
+pause done.
 
-On start an existing file is re-attached only if it is ours (owner, mode 0600) and its
-header matches this daemon exactly. Anything else is refused loudly: the file is moved
-aside (never deleted), the reason is logged and kept in ``attach_problem``, and the tier
-starts empty; sessions that were parked in it become LOST and are recomputed.
+Opened with ``O_NOFOLLOW`` and judged by ``fstat``, a file is re-attached only if it is a
+regular file of ours (mode 0600) whose header matches this daemon exactly; anything else
+(a symlink, a stranger's file, another layout) is moved aside (``tiers.aside``), the
+reason kept in ``attach_problem``, and the tier starts empty (its sessions become LOST).
+
+A mapped file that shrinks faults (SIGBUS) on the next access past its end, so the file is
+checked before every use (:meth:`FileTier.buffers`) and on each policy tick
+(:meth:`FileTier.missing`): removed, shrunk, replaced or changed (owner, mode) and the old
+mapping is never touched again; the core then loses its sessions and remakes the file.
 
 While a daemon has the file open it holds an exclusive ``flock`` on it: a second daemon
 configured onto the same file is refused at start (ConfigError), before it looks at it.
@@ -26,11 +31,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import mmap
 import os
-import struct
+import stat
 import time
 from collections.abc import Hashable, Sequence
 from pathlib import Path
@@ -39,39 +43,26 @@ from typing import Any
 import numpy as np
 
 from agentpark.blocks import PoolGeometry
-from agentpark.errors import ConfigError, TierFullError
+from agentpark.errors import ConfigError, TierFullError, TransferError
+from agentpark.tiers.aside import move_aside
 from agentpark.tiers.base import SlotTier
+from agentpark.tiers.filecheck import not_private, unsafe
+from agentpark.tiers.header import (
+    FORMAT_VERSION,
+    HEADER_BYTES,
+    MAGIC,
+    align,
+    encode_header,
+    header_bytes,
+    read_header,
+    read_header_fd,
+)
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "FileTier", "orphaned", "read_header"]
+__all__ = ["FORMAT_VERSION", "HEADER_BYTES", "MAGIC", "FileTier", "orphaned", "read_header"]
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"AGPKTIER"
-FORMAT_VERSION = 1
-HEADER_BYTES = 4096
-_ALIGN = 4096
-_PREFIX = struct.Struct("<8sII")
-
-
-def _align(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-def read_header(path: Path) -> dict[str, Any]:
-    """The header of a tier file; ValueError naming what is wrong with it."""
-    with path.open("rb") as f:
-        raw = f.read(HEADER_BYTES)
-    if len(raw) < _PREFIX.size:
-        raise ValueError(f"file is {len(raw)} bytes, shorter than a header")
-    magic, version, length = _PREFIX.unpack_from(raw)
-    if magic != MAGIC:
-        raise ValueError(f"magic is {magic!r}, expected {MAGIC!r}")
-    if version != FORMAT_VERSION:
-        raise ValueError(f"format version is {version}, this daemon reads {FORMAT_VERSION}")
-    body = raw[_PREFIX.size : _PREFIX.size + length]
-    header: dict[str, Any] = json.loads(body)
-    header["version"] = version
-    return header
+_OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class FileTier(SlotTier):
@@ -90,7 +81,10 @@ class FileTier(SlotTier):
         durable: bool,
         populate: bool,
         owner: Path | None = None,
+        fresh: bool = False,
     ) -> None:
+        """``fresh``: only make a new file at ``path`` (FileExistsError if anything is
+        there); never re-attach or move aside (``register`` builds its new pool so)."""
         super().__init__(geometry, capacity_bytes // geometry.block_nbytes)
         self.name = name
         self.path = path
@@ -101,22 +95,33 @@ class FileTier(SlotTier):
         self.model_uid = model_uid
         self.reattached = False
         self.attach_problem: str | None = None
-        # Why the file at ``path`` is no longer this tier's (removed, replaced), once the
-        # core noticed: new pauses go elsewhere until :meth:`reopen` makes a new file.
+        # Why the file at ``path`` is no longer this tier's (removed, shrunk, replaced),
+        # once noticed: new pauses go elsewhere until :meth:`reopen` makes a new file.
         self.gone: str | None = None
+        self._fd = -1
+        self._map: mmap.mmap | None = None
+        self._buffers: list[np.ndarray] = []
+        self.header_bytes = header_bytes(self._fields())
         self._offsets: list[int] = []
-        offset = HEADER_BYTES
+        offset = self.header_bytes
         for spec in geometry.arrays:
             self._offsets.append(offset)
-            offset = _align(offset + self.capacity_blocks * spec.block_nbytes)
+            offset = align(offset + self.capacity_blocks * spec.block_nbytes)
         self.file_bytes = offset
         self._populate = populate
-        self._map_file(self._open())
+        self._map_file(self._create() if fresh else self._open())
+
+    def _fields(self) -> dict[str, Any]:
+        fields = self.expected_header()
+        if self.owner is not None:
+            fields["state_dir"] = str(self.owner)
+        return fields
 
     def _map_file(self, fd: int) -> None:
         self._fd = fd
         st = os.fstat(fd)
-        self.identity = (st.st_dev, st.st_ino)  # what a replaced file no longer has
+        # What a replaced or changed file no longer has.
+        self.identity = (st.st_dev, st.st_ino, st.st_uid, stat.S_IMODE(st.st_mode))
         flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if self._populate else 0)
         self._map = mmap.mmap(fd, self.file_bytes, flags=flags)
         self._buffers = [
@@ -133,8 +138,13 @@ class FileTier(SlotTier):
 
     def holds_data(self) -> bool:
         """Whether any slot holds a byte that is not zero (a new file is all zeros)."""
+        if self.notice() is not None or self._map is None:
+            return False
         body = np.frombuffer(
-            self._map, dtype=np.uint8, count=self.file_bytes - HEADER_BYTES, offset=HEADER_BYTES
+            self._map,
+            dtype=np.uint8,
+            count=self.file_bytes - self.header_bytes,
+            offset=self.header_bytes,
         )
         return bool(body.any())
 
@@ -142,14 +152,13 @@ class FileTier(SlotTier):
         """Move the file aside (never deleted) and start on a new, empty one; returns
         where the old one went. Only before any slot is in use (start-up)."""
         self._unmap()
-        aside = self.path.with_name(f"{self.path.name}.discarded-{time.time_ns()}")
-        self.path.rename(aside)
+        aside = move_aside(self.path, f"{self.name} tier discarded")
         self.reattached = False
         self._map_file(self._create())
         return aside
 
     def allocate(self, owner: Hashable, n: int) -> list[int]:
-        if self.gone is not None and n:
+        if n and self.notice() is not None:
             raise TierFullError(
                 f"{self.name} tier is unavailable: {self.gone}",
                 tier=self.name,
@@ -174,25 +183,38 @@ class FileTier(SlotTier):
         self.gone = None
 
     def missing(self) -> str | None:
-        """Why the file at ``path`` is no longer the one this tier maps, or None.
+        """Why the file is no longer safe to use through this mapping, or None.
 
-        Removed (nothing at the path, or no link left) or replaced (another inode at the
-        path): the mapped bytes may still be readable, but nothing a restart would find
-        holds them, and a replaced file is someone else's.
+        Removed (nothing at the path, or no link left), shrunk (an access past its new
+        end would fault), replaced (a symlink or another inode at the path) or changed
+        (owner, mode): nothing a restart would find holds the mapped bytes, or they are
+        no longer only ours.
         """
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return f"{self.path} was removed"
-        except OSError as exc:
-            return f"{self.path} cannot be examined: {exc.strerror}"
-        if (st.st_dev, st.st_ino) != self.identity:
-            return f"{self.path} was replaced by another file"
-        if os.fstat(self._fd).st_nlink == 0:
-            return f"{self.path} was removed"
-        return None
+        if self._fd < 0:
+            return f"{self.path} is closed"
+        return unsafe(self.path, self._fd, self.file_bytes, self.identity)
+
+    def notice(self) -> str | None:
+        """:meth:`missing`, kept in ``gone`` and logged once."""
+        if self.gone is None:
+            why = self.missing()
+            if why is not None:
+                self.gone = why
+                log.error(
+                    "%s tier: %s; the old mapping is not used again, its sessions are "
+                    "lost and the file is made again",
+                    self.name,
+                    why,
+                )
+        return self.gone
 
     # ---- header -----------------------------------------------------------------------
+
+    def header(self) -> dict[str, Any]:
+        """The header of the mapped file, read through its descriptor (not its path)."""
+        if self._fd < 0:
+            raise ValueError(f"{self.name} tier is closed")
+        return read_header_fd(self._fd)
 
     def expected_header(self) -> dict[str, Any]:
         return {
@@ -205,15 +227,10 @@ class FileTier(SlotTier):
             "capacity_blocks": self.capacity_blocks,
         }
 
-    def _mismatch(self) -> str | None:
-        """Why the existing file cannot be re-attached, or None if it can."""
-        st = self.path.stat()
-        if st.st_uid != os.geteuid():
-            return f"owned by uid {st.st_uid}, not this daemon's uid {os.geteuid()}"
-        if st.st_mode & 0o077:
-            return f"mode {st.st_mode & 0o777:o} is not 0600"
+    def _mismatch(self, fd: int, st: os.stat_result) -> str | None:
+        """Why the opened file cannot be re-attached, or None if it can."""
         try:
-            header = read_header(self.path)
+            header = read_header_fd(fd)
         except (ValueError, OSError) as exc:
             return f"unreadable header: {exc}"
         if st.st_size != self.file_bytes:
@@ -244,29 +261,34 @@ class FileTier(SlotTier):
             ) from None
 
     def _open(self) -> int:
-        if not self.path.exists():
+        """The file at ``path`` if it is ours and matches, else a new one (the old aside)."""
+        problem: str | None
+        try:
+            fd = os.open(self.path, _OPEN)
+        except FileNotFoundError:
             return self._create()
-        fd: int | None = None
-        if self.path.stat().st_uid == os.geteuid():  # never lock (or wait on) a stranger's file
-            try:
-                fd = os.open(self.path, os.O_RDWR)
-            except PermissionError:
-                fd = None
-            if fd is not None:
+        except OSError as exc:  # ELOOP: a symlink; EACCES: a stranger's file
+            problem = f"cannot be opened read-write ({exc.strerror})"
+        else:
+            st = os.fstat(fd)
+            problem = not_private(st)
+            if problem is None:  # never lock (or wait on) a stranger's file
                 self._lock(fd)  # closes fd and raises if another daemon holds it
-        problem = self._mismatch()
-        if problem is None and fd is None:
-            problem = "cannot be opened read-write"
-        if problem is None:
-            assert fd is not None
-            self.reattached = True
-            log.info("%s tier: re-attached %s", self.name, self.path)
-            return fd
-        aside = self.path.with_name(f"{self.path.name}.mismatch-{time.time_ns()}")
-        self.path.rename(aside)
-        if fd is not None:
+                problem = self._mismatch(fd, st)
+            if problem is None:
+                self.reattached = True
+                log.info("%s tier: re-attached %s", self.name, self.path)
+                return fd
             os.close(fd)
         self.attach_problem = f"{self.path}: {problem}"
+        try:
+            aside = move_aside(self.path, problem)
+        except OSError as exc:
+            raise ConfigError(
+                f"tiers.{self.name}: {self.path} is not this daemon's ({problem}) and cannot "
+                f"be moved aside ({exc.strerror}); remove it or configure another path",
+                path=str(self.path),
+            ) from None
         log.error(
             "%s tier: refusing to attach %s: %s; moved it to %s and starting empty",
             self.name,
@@ -277,19 +299,18 @@ class FileTier(SlotTier):
         return self._create()
 
     def _create(self) -> int:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path, _OPEN | os.O_CREAT | os.O_EXCL, 0o600)
         self._lock(fd)  # another daemon opened it in the instant since: it is theirs now
         try:
             if os.fstat(fd).st_mode & 0o077:  # O_CREAT's mode is masked, never widened; still
                 os.fchmod(fd, 0o600)
-            extra: dict[str, Any] = {"created_at": time.time()}
-            if self.owner is not None:
-                extra["state_dir"] = str(self.owner)
-            body = json.dumps({**self.expected_header(), **extra}).encode()
-            if _PREFIX.size + len(body) > HEADER_BYTES:
-                raise ConfigError(f"{self.name} tier header does not fit in {HEADER_BYTES} bytes")
-            os.pwrite(fd, _PREFIX.pack(MAGIC, FORMAT_VERSION, len(body)) + body, 0)
+            fields = {**self._fields(), "created_at": time.time()}
+            try:
+                raw = encode_header(fields, self.header_bytes)
+            except ValueError as exc:
+                raise ConfigError(f"{self.name} tier: {exc}") from None
+            os.pwrite(fd, raw, 0)
             try:
                 os.posix_fallocate(fd, 0, self.file_bytes)
             except OSError as exc:
@@ -297,6 +318,8 @@ class FileTier(SlotTier):
                     f"tiers.{self.name}: cannot reserve {self.file_bytes} bytes at {self.path}: "
                     f"{exc.strerror}; lower tiers.{self.name}.capacity"
                 ) from None
+            if os.fstat(fd).st_size != self.file_bytes:  # verified before anyone maps it
+                raise ConfigError(f"tiers.{self.name}: {self.path} did not grow to its size")
             if self.durable:
                 os.fsync(fd)
         except BaseException:
@@ -306,6 +329,11 @@ class FileTier(SlotTier):
         log.info("%s tier: created %s (%d blocks)", self.name, self.path, self.capacity_blocks)
         return fd
 
+    def rename(self, path: Path) -> None:
+        """Give the open file the name ``path`` (same folder; what is there is replaced)."""
+        os.rename(self.path, path)
+        self.path = path
+
     # ---- bytes ------------------------------------------------------------------------
 
     @property
@@ -314,24 +342,34 @@ class FileTier(SlotTier):
         return tuple(self._offsets)
 
     def buffers(self) -> list[np.ndarray]:
+        """The mapped arrays, after checking the file is still whole and ours: a shrunk
+        file's mapping would fault (SIGBUS) past its new end."""
+        why = self.notice()
+        if why is not None:
+            raise TransferError(f"{self.name} tier is unavailable: {why}", tier=self.name)
         return self._buffers
 
     def flush(self) -> None:
         """Make written blocks durable before a move is reported done (disk: fsync)."""
-        if self.durable:
+        if self.durable and self._map is not None and self._fd >= 0:
             self._map.flush()
             os.fsync(self._fd)
 
     def close(self) -> None:
+        """Unmap and close; a second call does nothing."""
         self._unmap()
 
     def _unmap(self) -> None:
         self._buffers = []
-        try:
-            self._map.close()
-        except BufferError:
-            log.debug("%s tier: a view is still alive; the map closes when it goes", self.name)
-        os.close(self._fd)
+        region, self._map = self._map, None
+        if region is not None:
+            try:
+                region.close()
+            except BufferError:
+                log.debug("%s tier: a view is still alive; the map closes when it goes", self.name)
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def orphaned(tiers: Sequence[object]) -> list[FileTier]:
