@@ -83,6 +83,9 @@ CONNECTOR_MAY_IMPORT = (
     "agentpark.integrity",
     "agentpark.tiers.base",
     "agentpark.tiers.filetier",
+    "agentpark.tiers.header",
+    "agentpark.tiers.filecheck",
+    "agentpark.tiers.aside",
 )
 KNOWN_CONNECTOR_IMPORTS: set[tuple[str, str]] = set()
 

@@ -34,11 +34,22 @@ HEAVY = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic")
 SHARED = ("agentpark", "agentpark.connectors", "agentpark.blocks", "agentpark.errors")
 """What any connector module may load of agentpark besides its own package."""
 POOL_FILE = ("agentpark.integrity", "agentpark.enums", "agentpark.tiers", "agentpark.tiers.base")
+FILE_FORMAT = (
+    "agentpark.tiers.filetier",
+    "agentpark.tiers.header",
+    "agentpark.tiers.filecheck",
+    "agentpark.tiers.aside",
+)
+ASIDE = ("agentpark.tiers", "agentpark.tiers.aside")
 POOL_FILE_READERS = {
-    "agentpark.connectors.pool": (*POOL_FILE, "agentpark.tiers.filetier"),
-    "agentpark.connectors.torch_copies": (*POOL_FILE, "agentpark.tiers.filetier"),
+    "agentpark.connectors.pool": (*POOL_FILE, *FILE_FORMAT),
+    "agentpark.connectors.torch_copies": (*POOL_FILE, *FILE_FORMAT),
+    "agentpark.connectors.tpu": ASIDE,
+    "agentpark.connectors.tpu_sync_manager": ASIDE,
+    "agentpark.connectors.tpu_sync_shm": ASIDE,
 }
-"""The torch worker maps the pool file: its header's format and the checksum are shared."""
+"""The torch worker maps the pool file: its header's format, its checks and the checksum
+are shared; TPU Sync's shm segments are moved aside the one way every file is."""
 JAX_PATH = {"agentpark.connectors.tpu", "agentpark.connectors.tpu_sync_manager"}
 """The TPU worker (loaded only by ``register_runner``) and what it shares with the daemon."""
 

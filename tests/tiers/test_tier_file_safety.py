@@ -21,7 +21,7 @@ import pytest
 
 from agentpark.config import Settings
 from agentpark.tiers.shm import SHM_DIR_RECORD
-from tests.conftest import DaemonProcess, free_port, wait_until, write_config
+from tests.harness import DaemonProcess, free_port, wait_until, write_config
 
 PROMPT = {"prompt": "park me somewhere safe", "max_new_tokens": 8}
 NOBODY = 65534
