@@ -100,6 +100,8 @@ def create_app(
         app.state.runtime = runtime
         tokens = TokenStore.open(settings.database_url)
         app.state.gate = Gate(tokens, anonymous=anonymous)
+        if runtime.vllm is not None:  # the control socket's hello checks tokens as REST does
+            runtime.vllm.gate = app.state.gate
         warm = threading.Thread(
             target=_warm_up, args=(app, runtime), name="agentpark-warmup", daemon=True
         )

@@ -148,6 +148,7 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
             socket_path=extra.get("control_socket"),
             who=who,
             logger=log,
+            peer=cfg.engine_id,  # the scheduler prepares, the workers finish: one engine
         )
         self._disabled: str | None = self._unsupported(vllm_config)
         if self._disabled is not None:

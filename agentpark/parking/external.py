@@ -48,7 +48,7 @@ import numpy as np
 
 from agentpark.blocks import PoolGeometry
 from agentpark.enums import Decision, EventKind, Reason, RestoredFrom, State, TierChoice
-from agentpark.errors import AgentparkError, InvalidStateError, TransferError
+from agentpark.errors import AgentparkError, InvalidStateError, NotFoundError, TransferError
 from agentpark.parking.core import CoreOptions, PauseOrder, PauseResult, SessionCore
 from agentpark.parking.mover import ArrayPool, Mover
 from agentpark.parking.recovery import recover
@@ -93,6 +93,7 @@ class StorePlan:
     pending: list[EventRow] = field(default_factory=list)  # the turn's, committed with the park
     started: float = field(default_factory=time.perf_counter)
     created: float = field(default_factory=time.monotonic)
+    owner: str | None = None  # who may complete it (a control connection); None: anyone
 
 
 @dataclass
@@ -112,6 +113,7 @@ class LoadPlan:
     tokens: list[int]  # the request's tokens up to the end of the loaded blocks
     started: float = field(default_factory=time.perf_counter)
     created: float = field(default_factory=time.monotonic)
+    owner: str | None = None  # who may finish it (a control connection); None: anyone
 
 
 class ExternalDriver:
@@ -254,6 +256,7 @@ class ExternalDriver:
         tool: str | None = None,
         expected_resume_s: float | None = None,
         tier: str = TierChoice.AUTO,
+        owner: str | None = None,
     ) -> PauseResult | StorePlan:
         """A turn ended: record it, then keep (a PauseResult) or plan a park (a StorePlan).
 
@@ -298,13 +301,20 @@ class ExternalDriver:
             advice.expected_s,
             advice.why,
             pending,
+            owner=owner,
         )
         with self._plans_lock:
             self._stores[plan.store_id] = plan
         return plan
 
     def complete_store(
-        self, store_id: int, ok: bool, checksum: str | None, detail: str | None = None
+        self,
+        store_id: int,
+        ok: bool,
+        checksum: str | None,
+        detail: str | None = None,
+        *,
+        owner: str | None = None,
     ) -> PauseResult | None:
         """The engine copied the blocks (``ok``, with the copy's checksum) or failed.
 
@@ -313,6 +323,7 @@ class ExternalDriver:
         that is unknown (finished already, or expired).
         """
         with self._plans_lock:
+            _check_owner(self._stores.get(store_id), owner, f"store {store_id}")
             plan = self._stores.pop(store_id, None)
         if plan is None:
             return None
@@ -415,6 +426,7 @@ class ExternalDriver:
         start_block: int,
         block_ids: Sequence[int],
         only_tier: str | None = None,
+        owner: str | None = None,
     ) -> LoadPlan:
         """Take the parked copy for a load of its blocks ``start_block ..`` into
         ``block_ids[start_block:]`` (``block_ids``: the request's blocks from its first);
@@ -459,12 +471,15 @@ class ExternalDriver:
             start_block,
             list(block_ids),
             list(tokens[: end * self.geometry.block_size]),
+            owner=owner,
         )
         with self._plans_lock:
             self._loads[plan.load_id] = plan
         return plan
 
-    def load_done(self, load_id: int, ok: bool, cause: str | None = None) -> Restored:
+    def load_done(
+        self, load_id: int, ok: bool, cause: str | None = None, *, owner: str | None = None
+    ) -> Restored:
         """The engine loaded the plan's blocks (``ok``), or did not (``cause``).
 
         ``cause == "checksum"``: the parked copy is damaged: it is dropped (a ``corrupt``
@@ -472,6 +487,7 @@ class ExternalDriver:
         Another cause (the copy could not be read): the parked copy stays PARKED.
         """
         with self._plans_lock:
+            _check_owner(self._loads.get(load_id), owner, f"load {load_id}")
             plan = self._loads.pop(load_id, None)
         if plan is None:
             return Restored(0, None, "unknown load (finished already or expired)")
@@ -512,10 +528,12 @@ class ExternalDriver:
             self.load_done(load_id, False, "the engine never reported the load")
         return len(stores) + len(loads)
 
-    def fail_all(self, why: str) -> int:
-        """Fail every plan in flight (their tier is being replaced); how many."""
+    def fail_all(self, why: str, owner: str | None = None) -> int:
+        """Fail every plan in flight (their tier is being replaced), or ``owner``'s (its
+        connection closed); how many."""
         with self._plans_lock:
-            stores, loads = list(self._stores), list(self._loads)
+            stores = [i for i, p in self._stores.items() if owner in (None, p.owner)]
+            loads = [i for i, p in self._loads.items() if owner in (None, p.owner)]
         for store_id in stores:
             self.complete_store(store_id, False, None, why)
         for load_id in loads:
@@ -675,6 +693,12 @@ class ExternalDriver:
         )
         row.tool, row.expected_resume_at = None, None
         return [event]
+
+
+def _check_owner(plan: StorePlan | LoadPlan | None, owner: str | None, what: str) -> None:
+    """NotFoundError, before anything changes, for a plan ``owner`` may not finish."""
+    if plan is not None and owner is not None and plan.owner != owner:
+        raise NotFoundError(f"{what} is not a plan of this connection")
 
 
 def external_core(

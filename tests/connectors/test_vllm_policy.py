@@ -31,7 +31,7 @@ from agentpark.store.repository import SessionStore
 from agentpark.tiers.filetier import FileTier
 from tests.conftest import tiny_settings
 from tests.connectors.conftest import TENANT
-from tests.connectors.test_control import BLOCK, Daemon, _park, _register
+from tests.control.test_control import BLOCK, Daemon, _park, _register
 
 DEMOTE_S = 60.0
 TTL_S = 600.0
@@ -282,7 +282,7 @@ def test_another_layout_moves_the_disk_file_aside_and_its_sessions_are_lost(
     daemon: PolicyDaemon,
 ) -> None:
     from agentpark.connectors.protocol import Layout
-    from tests.connectors.test_control import LAYOUT
+    from tests.control.test_control import LAYOUT
 
     _, worker = _register(daemon)
     started = time.time()
