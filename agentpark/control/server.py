@@ -255,10 +255,15 @@ class ControlServer:
             return False
         async with asyncio.timeout(limits.frame_timeout_s):
             head = first + await reader.readexactly(HEAD_SIZE - 1)
-            json_len, blob_len = parse_head(head)
-            size = json_len + blob_len
-            if size > limits.max_buffered:
-                raise ProtocolError(f"a frame of {size} bytes is over the daemon's budget")
+            try:
+                json_len, blob_len = parse_head(head)
+                size = json_len + blob_len
+                if size > limits.max_buffered:
+                    raise ProtocolError(f"a frame of {size} bytes is over the daemon's budget")
+            except ProtocolError as exc:  # said, then the connection ends: its rest is unread
+                writer.write(encode_frame(refusal("bad_request", f"bad request: {exc}")))
+                await writer.drain()
+                raise
             budget = self._budget
             assert budget is not None
             await budget.take(size)
