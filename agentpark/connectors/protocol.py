@@ -10,7 +10,12 @@ token prompt is 16 KiB copied, not 20 KiB of JSON parsed). A request is
 ``{"op": NAME, ...}``; an answer is ``{"ok": true, ...}`` or ``{"ok": false, "error":
 MESSAGE, "cause": CAUSE}``.
 
-Operations (the fields each takes are the keyword arguments of the daemon's handler):
+Every connection's first frame is ``hello``; the daemon answers nothing else before it.
+Each op's request and answer is a typed model (agentpark.control.ops: fields, types and
+bounds); a frame that breaks one is answered ``bad_request`` and changes nothing. A frame
+names no tenant: the connection's is its token's.
+
+Operations:
 
 =================  ======================================================================
 hello              the first frame of every connection: the connector's token (``token``,

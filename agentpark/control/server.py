@@ -28,7 +28,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,6 @@ class Connection:
     identity: Identity | None = None
     owner: str | None = None
     said_hello: bool = False
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 Handler = Callable[[Connection, dict[str, Any], bytes], tuple[dict[str, Any], bytes]]

@@ -193,9 +193,10 @@ def test_a_closed_connection_fails_its_plans_at_once(
     driver = daemon.service.driver
     assert driver.pending() == (1, 1)
     conn.close()
-    wait_until(lambda: driver.pending() == (0, 0), timeout=10)
+    degraded = daemon.service.degraded  # counted once both are failed
+    wait_until(lambda: degraded["connection_closed"] == 2, timeout=10)
+    assert driver.pending() == (0, 0)
     core = driver.core
     assert core.get("default", "pausing").state == State.ACTIVE  # its park failed
     assert core.get("default", "parked").state == State.PARKED  # its load did not happen
     assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 2
-    assert daemon.service.degraded["connection_closed"] == 2

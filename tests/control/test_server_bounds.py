@@ -77,18 +77,22 @@ def test_the_real_connector_connects_under_500_idle_connections(
 ) -> None:
     path = control_daemon.service.socket_path
     idle = [_connect(path) for _ in range(500)]
-    server = control_daemon.service.server
-    wait_until(lambda: server.connections >= 500, timeout=30)
-    late: list[dict[str, int]] = []
-    for _ in range(20):
-        client = ControlClient(None, socket_path=str(path), timeout_s=0.05)
-        answer = client.call("degraded", counts={"timeout": 1})  # connect, hello, call
-        if answer is None or not answer["ok"]:
-            late.append(dict(client.counts))
-        client.close()
-    assert not late, late
-    for sock in idle:
-        sock.close()
+    try:
+        server = control_daemon.service.server
+        wait_until(lambda: server.connections >= 500, timeout=30)
+        late: list[dict[str, int]] = []
+        for _ in range(50):
+            client = ControlClient(None, socket_path=str(path), timeout_s=0.05)
+            answer = client.call("degraded", counts={"timeout": 1})  # connect, hello, call
+            if answer is None or not answer["ok"]:
+                late.append(dict(client.counts))
+            client.close()
+        # With a thread per connection and a backlog of 64, 28 in 100 missed their 50 ms.
+        # Two misses are let go: the client shares this process's GIL and a loaded CI box.
+        assert len(late) <= 2, late
+    finally:
+        for sock in idle:
+            sock.close()
 
 
 def test_a_deeply_nested_frame_is_a_bad_request(control_daemon: ControlDaemon) -> None:
