@@ -110,6 +110,8 @@ def create_app(
             limits.max_peers,
             count=runtime.metrics.count_auth_failure,
         )
+        if runtime.vllm is not None:  # the control socket's hello checks tokens as REST does
+            runtime.vllm.gate = app.state.gate
         warm = threading.Thread(
             target=_warm_up, args=(app, runtime), name="agentpark-warmup", daemon=True
         )

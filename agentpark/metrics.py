@@ -72,6 +72,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from agentpark import __version__
+from agentpark.control.degraded import DegradedCause
 from agentpark.enums import EventKind, Reason, State
 from agentpark.snapshot import HostSnapshot
 from agentpark.store.models import EventRow, SessionRow
@@ -238,8 +239,8 @@ class Metrics:
         self.degraded = Counter(
             "agentpark_vllm_degraded",
             "Requests a vLLM connector served as without agentpark (vLLM recomputed), by "
-            "cause: daemon_unreachable, timeout, bad_params, pool_full, session_busy, "
-            "load_checksum, ...",
+            "cause: a fixed set (daemon_unreachable, timeout, bad_params, pool_full, "
+            "session_busy, load_checksum, ...); any other is counted as 'other'",
             (*h, "cause"),
             registry=reg,
         )
@@ -287,7 +288,7 @@ class Metrics:
 
     def count_degraded(self, cause: str, n: int = 1) -> None:
         """A vLLM connector's request served without agentpark (see VllmService)."""
-        self.degraded.labels(self.host, _label(cause, "unknown")).inc(n)
+        self.degraded.labels(self.host, DegradedCause.of(cause).value).inc(n)
 
     # ---- events -------------------------------------------------------------------------
 

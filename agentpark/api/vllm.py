@@ -30,7 +30,11 @@ class VllmInfo(BaseModel):
             "(tpu_sync: vLLM on TPU): no pool file, no checksums; null: the pool file"
         ),
     )
-    degraded: dict[str, int] = Field(description="requests served without agentpark, by cause")
+    degraded: dict[str, int] = Field(
+        description="requests of the caller's tenant that its connectors served without "
+        "agentpark, by cause (a fixed set; unknown ones count as 'other'). Only the tenant's "
+        "own: the daemon-wide counts are agentpark_vllm_degraded_total on /metrics"
+    )
 
 
 @router.get(
@@ -42,7 +46,9 @@ def get_vllm(caller: SessionsCaller) -> VllmInfo:
     """The control socket and pool of a daemon serving vLLM ([vllm] enabled); 409 if not.
 
     Needs the ``sessions`` scope: the connector's sessions belong to its token's tenant
-    (the tenant comes from the token, never from the connector's own configuration).
+    (the tenant comes from the token, never from the connector's own configuration: the
+    connector presents the same token in the control socket's ``hello``). ``degraded``
+    holds the caller's tenant's counts only, never another tenant's or the daemon's own.
     """
     service = caller.runtime.vllm
     if service is None:
@@ -54,5 +60,5 @@ def get_vllm(caller: SessionsCaller) -> VllmInfo:
         pool_path=str(service.pool_path),
         pool_capacity_bytes=service.capacity_bytes(),
         pool_held_by=None if service.held is None else service.held.backend,
-        degraded=dict(service.degraded),
+        degraded=service.degraded.of_tenant(caller.tenant),
     )

@@ -58,6 +58,7 @@ def run_connector_bench(sessions: int = 1000, samples: int = 2000, tokens: int =
         f'state_dir = "{work / "state"}"\nlog_level = "info"\n[server]\nport = 0\n'
         f'[vllm]\nenabled = true\npool_capacity = {pool_bytes}\npool_path = "{shm / "pool"}"\n'
         "[policy]\nidle_pause_after_s = 0\n"
+        '[integrity]\nchecksum = "none"\n'  # the bench's worker copies no bytes to hash
     )
     cmd = [sys.executable, "-m", "agentpark", "serve", "--config", str(config)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)

@@ -8,11 +8,17 @@ while it was away.
 
 The socket is found once through ``GET {daemon_url}/v1/vllm`` (stdlib HTTP: this module
 loads inside vLLM's processes) and asked again only after the daemon stops answering.
+
+Each connection starts with ``hello``: the token (the daemon decides the tenant from it,
+as REST does) and ``peer``, the engine this connector serves, so that the scheduler's
+connection and the workers' may finish each other's parks and loads. A ``tenant`` a
+call names is not sent: the connection's tenant is its token's.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import socket
@@ -21,7 +27,7 @@ import time
 import urllib.request
 from typing import Any
 
-from agentpark.connectors.protocol import ProtocolError, encode_frame, read_frame
+from agentpark.connectors.protocol import INSTANCE_RE, ProtocolError, encode_frame, read_frame
 
 __all__ = ["ControlClient"]
 
@@ -43,6 +49,7 @@ class ControlClient:
         socket_path: str | None = None,
         who: str = "connector",
         logger: logging.Logger | None = None,
+        peer: str | None = None,
     ) -> None:
         self.daemon_url = daemon_url.rstrip("/") if daemon_url else None
         self.token = token
@@ -50,7 +57,10 @@ class ControlClient:
         self.who = who
         self.log = logger or log
         self._path = socket_path
-        # The tenant of the token, learnt from GET /v1/vllm; it replaces the one a call names.
+        if peer is not None and not INSTANCE_RE.match(peer):  # any text: a valid name of it
+            peer = hashlib.sha256(peer.encode(errors="replace")).hexdigest()[:32]
+        self.peer = peer
+        # The tenant of the token, as the daemon said it (GET /v1/vllm, then hello).
         self.tenant: str | None = None
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
@@ -108,13 +118,12 @@ class ControlClient:
             self.degraded("daemon_unreachable", "the agentpark daemon is not answering")
             return None
         reused = self._sock is not None
-        sock = self._sock or self._connect()
+        sock = self._sock or self._connect(wait_s)
         if sock is None:
             return None
         if wait_s is not None:
             sock.settimeout(wait_s)
-        if "tenant" in fields and self.tenant is not None:
-            fields = {**fields, "tenant": self.tenant}  # the token's tenant, as the daemon said
+        fields.pop("tenant", None)  # the connection's tenant is its token's (hello)
         frame = encode_frame({"op": op, **fields}, blob)
         try:
             try:
@@ -125,7 +134,7 @@ class ControlClient:
                     raise
                 # The daemon restarted since this connection was made: one fresh try.
                 self._drop()
-                sock = self._connect()
+                sock = self._connect(wait_s)
                 if sock is None:
                     return None
                 if wait_s is not None:
@@ -144,24 +153,47 @@ class ControlClient:
             return None
         return answer
 
-    def _connect(self) -> socket.socket | None:
+    def _connect(self, wait_s: float | None = None) -> socket.socket | None:
+        """A new connection, its hello answered within the call's own time-out."""
         path = self._path or self._discover()
         if path is None:
             self._retry_at = time.monotonic() + _BACKOFF_S
             return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout_s)
+        sock.settimeout(self.timeout_s if wait_s is None else wait_s)
         try:
             sock.connect(path)
-        except OSError as exc:
+            answer = self._hello(sock)
+        except (OSError, ProtocolError) as exc:
             sock.close()
             if self.daemon_url is not None:
                 self._path = None  # the daemon may have moved: ask it again next time
             self._retry_at = time.monotonic() + _BACKOFF_S
-            self.degraded("daemon_unreachable", f"cannot connect to {path}: {exc.strerror}")
+            why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            self.degraded("daemon_unreachable", f"cannot connect to {path}: {why}")
             return None
+        if not answer.get("ok"):
+            sock.close()
+            self._retry_at = time.monotonic() + _BACKOFF_S
+            cause = str(answer.get("cause"))
+            if cause != "too_many_connections":
+                cause = "unauthenticated"
+            self.degraded(cause, f"the daemon refused the connection: {answer.get('error')}")
+            return None
+        self.tenant = str(answer.get("tenant"))
         self._sock = sock
         return sock
+
+    def _hello(self, sock: socket.socket) -> dict[str, Any]:
+        """Present the token (once per connection): the daemon's answer."""
+        hello: dict[str, Any] = {"op": "hello"}
+        if self.token:
+            hello["token"] = self.token
+        if self.peer:
+            hello["peer"] = self.peer
+        sock.sendall(encode_frame(hello))
+        answer, _ = read_frame(sock)
+        return answer
 
     def _discover(self) -> str | None:
         if self.daemon_url is None:

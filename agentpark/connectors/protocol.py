@@ -10,10 +10,17 @@ token prompt is 16 KiB copied, not 20 KiB of JSON parsed). A request is
 ``{"op": NAME, ...}``; an answer is ``{"ok": true, ...}`` or ``{"ok": false, "error":
 MESSAGE, "cause": CAUSE}``.
 
-Operations (the fields each takes are the keyword arguments of the daemon's handler):
+Every connection's first frame is ``hello``; the daemon answers nothing else before it.
+Each op's request and answer is a typed model (agentpark.control.ops: fields, types and
+bounds); a frame that breaks one is answered ``bad_request`` and changes nothing. A frame
+names no tenant: the connection's is its token's.
+
+Operations:
 
 =================  ======================================================================
-hello              the daemon's version and protocol number
+hello              the first frame of every connection: the connector's token (``token``,
+                   absent where the daemon allows its loopback default) and the engine it
+                   serves (``peer``); answers the token's tenant, the version and protocol
 register           a worker's KV layout -> the host pool file to map (created or re-attached);
                    with ``held`` (:class:`Held`: TPU Sync keeps the bytes in the worker's
                    own host memory) the daemon makes no file and keeps slot bookkeeping only
@@ -41,6 +48,7 @@ import numpy as np
 __all__ = [
     "HELD_BACKENDS",
     "MAX_BLOB",
+    "MAX_DEPTH",
     "MAX_JSON",
     "PROTOCOL",
     "Held",
@@ -51,14 +59,19 @@ __all__ = [
     "decode_tokens",
     "encode_frame",
     "encode_tokens",
+    "parse_body",
+    "parse_head",
     "parse_params",
     "read_frame",
 ]
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: the first frame is hello with the connection's token
 MAX_JSON = 1 << 20
-MAX_BLOB = 64 << 20  # 16M token ids
+# A token blob: 16 MiB is 4M token ids, several times the longest context any model takes.
+MAX_BLOB = 16 << 20
+MAX_DEPTH = 16  # the deepest frame is register's layout (5 levels)
 _HEAD = struct.Struct("<II")
+HEAD_SIZE = _HEAD.size
 
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 TOOL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -89,20 +102,52 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def read_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
-    """One frame from ``sock``; ProtocolError on EOF, oversize or bad JSON."""
-    json_len, blob_len = _HEAD.unpack(_recv_exact(sock, _HEAD.size))
+def parse_head(head: bytes) -> tuple[int, int]:
+    """(json_len, blob_len) of a frame header; ProtocolError when either is over its bound
+    (checked before a byte of the body is buffered)."""
+    json_len, blob_len = _HEAD.unpack(head)
     if json_len > MAX_JSON or blob_len > MAX_BLOB:
         raise ProtocolError(f"frame too large ({json_len} + {blob_len} bytes)")
-    body = _recv_exact(sock, json_len)
-    blob = _recv_exact(sock, blob_len) if blob_len else b""
+    return json_len, blob_len
+
+
+def _depth_within(value: object, limit: int) -> bool:
+    """Whether ``value``'s containers nest at most ``limit`` deep (iterative: no recursion)."""
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = []
+    if isinstance(value, dict | list):
+        stack.append((value, 1))
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return False
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return True
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    """A frame's JSON object; ProtocolError for bad JSON, another type, or nesting deeper
+    than :data:`MAX_DEPTH` (a 100,000-deep array is refused, never a RecursionError)."""
     try:
         message = json.loads(body)
+    except RecursionError:
+        raise ProtocolError(f"frame nests deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:
-        raise ProtocolError(f"frame is not JSON: {exc}") from None
+        raise ProtocolError(f"frame is not JSON: {str(exc)[:200]}") from None
     if not isinstance(message, dict):
         raise ProtocolError("frame is not a JSON object")
-    return message, blob
+    if not _depth_within(message, MAX_DEPTH):
+        raise ProtocolError(f"frame nests deeper than {MAX_DEPTH} levels")
+    return message
+
+
+def read_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+    """One frame from ``sock`` (blocking: the connector's side); ProtocolError on EOF,
+    oversize or bad JSON."""
+    json_len, blob_len = parse_head(_recv_exact(sock, _HEAD.size))
+    body = _recv_exact(sock, json_len)
+    blob = _recv_exact(sock, blob_len) if blob_len else b""
+    return parse_body(body), blob
 
 
 def encode_tokens(tokens: Sequence[int]) -> bytes:

@@ -121,6 +121,7 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
             socket_path=extra.get("control_socket"),
             who="scheduler" if scheduler else "worker",
             logger=log,
+            peer=cfg.engine_id,  # the scheduler prepares, the workers finish: one engine
         )
         why = unsupported(vllm_config)
         if why is not None:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentpark.config import Settings
+from agentpark.connectors.protocol import PROTOCOL
 from tests.harness import Daemon
 
 
@@ -19,7 +20,7 @@ def test_a_vllm_daemon_names_its_socket_and_refuses_generate(
     )
     client = daemon_factory(settings).client
     info = client.get("/v1/vllm").json()
-    assert info["protocol"] == 1 and Path(info["control_socket"]).is_socket()
+    assert info["protocol"] == PROTOCOL and Path(info["control_socket"]).is_socket()
     host = client.get("/v1/host").json()
     assert host["dma_backend"] == "external" and host["ready"]
     client.post("/v1/sessions", json={"session_id": "s"})
@@ -44,7 +45,7 @@ def test_a_vllm_daemon_runs_its_policy_loop_and_demotes_pool_copies_to_disk(
 ) -> None:
     from agentpark.connectors.client import ControlClient
     from agentpark.connectors.protocol import PoolFile, encode_tokens
-    from tests.connectors.test_control import BLOCK, LAYOUT, Worker
+    from tests.control.test_control import BLOCK, LAYOUT, Worker
     from tests.harness import wait_until
 
     settings = make_settings(

@@ -30,7 +30,7 @@ from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
 from agentpark.tiers.filetier import FileTier
 from tests.connectors.conftest import TENANT
-from tests.connectors.test_control import BLOCK, Daemon, _park, _register
+from tests.control.test_control import BLOCK, Daemon, _park, _register
 from tests.harness import tiny_settings
 
 DEMOTE_S = 60.0
@@ -282,7 +282,7 @@ def test_another_layout_moves_the_disk_file_aside_and_its_sessions_are_lost(
     daemon: PolicyDaemon,
 ) -> None:
     from agentpark.connectors.protocol import Layout
-    from tests.connectors.test_control import LAYOUT
+    from tests.control.test_control import LAYOUT
 
     _, worker = _register(daemon)
     started = time.time()

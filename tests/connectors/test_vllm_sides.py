@@ -28,7 +28,7 @@ from agentpark.enums import State
 from agentpark.integrity import matches
 from agentpark.tiers.base import HostTier
 from tests.connectors.conftest import TENANT, ControlDaemon
-from tests.connectors.test_control import BLOCK, LAYOUT, Worker, _View
+from tests.control.test_control import BLOCK, LAYOUT, Worker, _View
 
 
 @dataclass

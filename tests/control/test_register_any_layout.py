@@ -20,7 +20,7 @@ from agentpark.cleanup import MOVED, find_tier_files
 from agentpark.connectors.protocol import Layout, PoolFile
 from agentpark.enums import State
 from tests.connectors.conftest import TENANT, ControlDaemon, control_daemon  # noqa: F401
-from tests.connectors.test_control import BLOCK, LAYOUT, Worker
+from tests.control.test_control import BLOCK, LAYOUT, Worker
 
 
 @pytest.fixture

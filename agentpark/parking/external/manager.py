@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from agentpark.blocks import PoolGeometry
 from agentpark.enums import Decision, EventKind, Reason, RestoredFrom, State, TierChoice
-from agentpark.errors import InvalidStateError, TransferError
+from agentpark.errors import InvalidStateError, NotFoundError, TransferError
 from agentpark.parking.core import PauseOrder, PauseResult, SessionCore
 from agentpark.parking.external.host import ExternalHost
 from agentpark.parking.external.lookup import Lookup
@@ -83,6 +83,7 @@ class ExternalManager(Lookup):
         tool: str | None = None,
         expected_resume_s: float | None = None,
         tier: str = TierChoice.AUTO,
+        owner: str | None = None,
     ) -> PauseResult | StorePlan:
         """A turn ended: record it (creating the session if new), then keep (a
         PauseResult) or plan a park (a StorePlan).
@@ -128,11 +129,19 @@ class ExternalManager(Lookup):
             advice.expected_s,
         )
         with self._plans_lock:
-            self._stores[plan.store_id] = StoreInFlight(plan, live.key, dst, slots, tool, pending)
+            self._stores[plan.store_id] = StoreInFlight(
+                plan, live.key, dst, slots, tool, pending, owner
+            )
         return plan
 
     def complete_store(
-        self, store_id: int, ok: bool, checksum: str | None, detail: str | None = None
+        self,
+        store_id: int,
+        ok: bool,
+        checksum: str | None,
+        detail: str | None = None,
+        *,
+        owner: str | None = None,
     ) -> PauseResult | None:
         """The engine copied the blocks (``ok``, with the copy's checksum) or failed.
 
@@ -141,6 +150,7 @@ class ExternalManager(Lookup):
         plan that is unknown (finished already, or expired).
         """
         with self._plans_lock:
+            _check_owner(self._stores.get(store_id), owner, f"store {store_id}")
             store = self._stores.pop(store_id, None)
         if store is None:
             return None
@@ -182,6 +192,7 @@ class ExternalManager(Lookup):
         start_block: int,
         block_ids: Sequence[int],
         only_tier: str | None = None,
+        owner: str | None = None,
     ) -> LoadPlan:
         """Take the parked copy for a load of its blocks ``start_block ..`` into
         ``block_ids[start_block:]`` (``block_ids``: the request's blocks from its first);
@@ -226,11 +237,13 @@ class ExternalManager(Lookup):
         tokens_loaded = list(tokens[: end * self.geometry.block_size])
         with self._plans_lock:
             self._loads[plan.load_id] = LoadInFlight(
-                plan, live.key, tier, list(block_ids), tokens_loaded
+                plan, live.key, tier, list(block_ids), tokens_loaded, owner
             )
         return plan
 
-    def complete_load(self, load_id: int, ok: bool, cause: str | None = None) -> Restored:
+    def complete_load(
+        self, load_id: int, ok: bool, cause: str | None = None, *, owner: str | None = None
+    ) -> Restored:
         """The engine loaded the plan's blocks (``ok``), or did not (``cause``).
 
         ``cause == "checksum"``: the parked copy is damaged: it is dropped (a ``corrupt``
@@ -238,6 +251,7 @@ class ExternalManager(Lookup):
         Another cause (the copy could not be read): the parked copy stays PARKED.
         """
         with self._plans_lock:
+            _check_owner(self._loads.get(load_id), owner, f"load {load_id}")
             load = self._loads.pop(load_id, None)
         if load is None:
             return Restored(0, None, "unknown load (finished already or expired)")
@@ -293,10 +307,12 @@ class ExternalManager(Lookup):
             self.complete_load(load_id, False, "the engine never reported the load")
         return len(stores) + len(loads)
 
-    def fail_all(self, why: str) -> int:
-        """Fail every plan in flight (their tier is being replaced); how many."""
+    def fail_all(self, why: str, owner: str | None = None) -> int:
+        """Fail every plan in flight (their tier is being replaced), or ``owner``'s (its
+        connection closed); how many."""
         with self._plans_lock:
-            stores, loads = list(self._stores), list(self._loads)
+            stores = [i for i, s in self._stores.items() if owner in (None, s.owner)]
+            loads = [i for i, ld in self._loads.items() if owner in (None, ld.owner)]
         for store_id in stores:
             self.complete_store(store_id, False, None, why)
         for load_id in loads:
@@ -367,3 +383,9 @@ class ExternalManager(Lookup):
         if tiers is not None:
             self.host.relayout(geometry, model_uid)
             core.mover.relayout(geometry, tiers)
+
+
+def _check_owner(plan: StoreInFlight | LoadInFlight | None, owner: str | None, what: str) -> None:
+    """NotFoundError, before anything changes, for a plan ``owner`` may not finish."""
+    if plan is not None and owner is not None and plan.owner != owner:
+        raise NotFoundError(f"{what} is not a plan of this connection")

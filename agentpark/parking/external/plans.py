@@ -116,6 +116,7 @@ class StoreInFlight:
     slots: list[int]
     tool: str | None
     pending: list[EventRow]  # the turn's, committed with the park's outcome
+    owner: str | None = None  # who may complete it (a control connection); None: anyone
     started: float = field(default_factory=time.perf_counter)
     created: float = field(default_factory=time.monotonic)
 
@@ -129,5 +130,6 @@ class LoadInFlight:
     tier: HostTier
     block_ids: list[int]  # the engine's blocks of the request, 0 .. the last loaded one
     tokens: list[int]  # the request's tokens up to the end of the loaded blocks
+    owner: str | None = None  # who may finish it (a control connection); None: anyone
     started: float = field(default_factory=time.perf_counter)
     created: float = field(default_factory=time.monotonic)

@@ -19,6 +19,7 @@ import pytest
 from agentpark.blocks import ArraySpec, PoolGeometry
 from agentpark.connectors.client import ControlClient
 from agentpark.connectors.protocol import Layout, PoolFile, encode_tokens
+from agentpark.control.server import Connection
 from agentpark.enums import State
 from agentpark.integrity import checksum
 from agentpark.tiers.base import HostTier
@@ -118,8 +119,9 @@ def test_the_socket_and_pool_file_are_private_and_the_header_names_the_layout(
     assert stat.S_IMODE(os.stat(pool.path).st_mode) == 0o600
     again, _ = _register(daemon)
     assert again == pool  # the same layout re-attaches the same file
-    hello = daemon.call("hello")
-    assert hello["ok"] and hello["protocol"] == 1
+    hello = daemon.call("hello")  # the client said it when it connected: once only
+    assert not hello["ok"] and hello["cause"] == "bad_request"
+    assert daemon.client.tenant == TENANT
 
 
 def test_a_two_phase_park_then_a_load_restores_the_parked_bytes(daemon: Daemon) -> None:
@@ -218,7 +220,7 @@ def test_a_store_the_engine_never_finishes_is_failed_and_its_slots_freed(
     row = daemon.service.driver.core.get(TENANT, "s")
     assert row.state == State.ACTIVE and "pause_failed" in daemon.kinds("s")
     assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
-    late = daemon.call("complete_store", store_id=answer["store_id"], ok=True, checksum=None)
+    late = daemon.call("complete_store", store_id=answer["store_id"], ok=True, checksum="xxh3:0")
     assert late["decision"] == "not_parked"  # too late: not parked
 
 
@@ -286,7 +288,7 @@ def test_refusals_are_answers_and_a_full_pool_is_counted(daemon: Daemon) -> None
         block_ids=[1],
         expected_resume_s=60.0,
     )
-    assert bad["ok"] is False and bad["cause"] == "invalid_request"
+    assert bad["ok"] is False and bad["cause"] == "bad_request"
     unknown = daemon.call("no_such_op")
     assert unknown["ok"] is False and unknown["cause"] == "bad_request"
     busy_free = daemon.call(
@@ -332,14 +334,20 @@ def test_a_park_whose_answer_the_connector_gave_up_on_is_undone_at_once(
     release = threading.Event()
     handle = daemon.service.server.handler
 
-    def slow(message: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
-        answer = handle(message, blob)
+    def slow(
+        conn: Connection, message: dict[str, Any], blob: bytes
+    ) -> tuple[dict[str, Any], bytes]:
+        answer = handle(conn, message, blob)
         if message.get("op") == "prepare_store":
             release.wait(10)  # answered only after the connector has stopped waiting
         return answer
 
     daemon.service.server.handler = slow
     impatient = ControlClient(None, socket_path=str(daemon.service.socket_path), timeout_s=0.05)
+    # Connected (hello answered) with room to spare: only the park below is to time out.
+    assert impatient.call(
+        "match", encode_tokens([1, 2]), session_id="other", num_computed=0, wait_s=10
+    )
     answer = impatient.call(
         "prepare_store",
         encode_tokens(list(range(BLOCK))),

@@ -143,11 +143,11 @@ def test_held_and_file_registrations_replace_each_other_loudly(
 def test_a_bad_held_is_refused_as_an_answer(control_daemon: ControlDaemon) -> None:
     daemon = control_daemon
     for held, why in (
-        ({"backend": "nvme", "instance": "x", "capacity_blocks": 4}, "unknown backend"),
-        ({"backend": "tpu_sync", "instance": "../x", "capacity_blocks": 4}, "instance"),
+        ({"backend": "nvme", "instance": "x", "capacity_blocks": 4}, "held.backend must be"),
+        ({"backend": "tpu_sync", "instance": "../x", "capacity_blocks": 4}, "held.instance"),
         ({"backend": "tpu_sync", "instance": "x", "capacity_blocks": 0}, "capacity_blocks"),
-        ({"backend": "tpu_sync"}, "bad held"),
-        ("tpu_sync", "held must be an object"),
+        ({"backend": "tpu_sync"}, "held.instance: Field required"),
+        ("tpu_sync", "held: Input should be a valid dictionary"),
     ):
         answer = daemon.call("register", layout=LAYOUT.to_wire(), held=held)
         assert not answer["ok"] and answer["cause"] == "bad_request", answer
