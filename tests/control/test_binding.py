@@ -15,10 +15,10 @@ from agentpark.auth import Scope
 from agentpark.connectors.client import ControlClient
 from agentpark.connectors.protocol import encode_tokens
 from agentpark.enums import State
-from tests.harness import wait_until
 from tests.connectors.conftest import ControlDaemon
 from tests.control.harness import Raw, state
 from tests.control.test_control import BLOCK, Worker, _register
+from tests.harness import wait_until
 
 TOKENS = list(range(1, 2 * BLOCK + 1))
 

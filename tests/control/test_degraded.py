@@ -8,8 +8,8 @@ from pathlib import Path
 
 from agentpark.config import Settings
 from agentpark.control.degraded import DegradedCause
-from tests.harness import Daemon, bearer
 from tests.control.harness import Raw
+from tests.harness import Daemon, bearer
 
 
 def _vllm_daemon(

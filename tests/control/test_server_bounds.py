@@ -23,9 +23,9 @@ import pytest
 from agentpark.connectors.client import ControlClient
 from agentpark.connectors.protocol import MAX_BLOB, encode_frame, read_frame
 from agentpark.control.server import Connection, ControlServer, Limits
-from tests.harness import wait_until
 from tests.connectors.conftest import ControlDaemon
 from tests.control.harness import Raw
+from tests.harness import wait_until
 
 
 def _rss_bytes() -> int:
