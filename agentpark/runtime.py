@@ -7,35 +7,23 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from agentpark.config import PolicySettings, Settings, load_settings
 from agentpark.control.vllm import VllmService
-from agentpark.dma import (
-    HostCopyTransfer,
-    TpuSyncShm,
-    TpuSyncTransfer,
-    Transfer,
-    select_transfer,
-)
-from agentpark.engine.reference import ModelSpec, PoolSpec, ReferenceEngine
-from agentpark.enums import Tier
+from agentpark.engine.reference import ReferenceEngine
 from agentpark.errors import ConfigError, InvalidRequestError
 from agentpark.history import HostSampler
 from agentpark.metrics import Metrics
-from agentpark.parking import CoreOptions, InProcessDriver, SessionCore, drain, in_process_core
+from agentpark.parking import InProcessDriver, SessionCore, drain
+from agentpark.parts import StoreParts, open_store, reference_parts, vllm_parts
 from agentpark.policy.service import PolicyService
 from agentpark.snapshot import HostSnapshot
 from agentpark.statedir import StateLock
-from agentpark.store.db import StorageProbe, WalCheckpointer, open_database
-from agentpark.store.migrate import upgrade
+from agentpark.store.db import StorageProbe, WalCheckpointer
 from agentpark.store.repository import SessionStore
 from agentpark.store.retention import Retention, RetentionStore
 from agentpark.store.samples import SampleStore
-from agentpark.tiers.base import BackendHeldTier, HostTier
 from agentpark.tiers.capabilities import WarmsUp
-from agentpark.tiers.factory import build_tiers
-from agentpark.tiers.filetier import orphaned
 
 __all__ = ["Runtime"]
 
@@ -84,67 +72,18 @@ class Runtime:
 
     @classmethod
     def _build(cls, settings: Settings, config_path: Path | None) -> Runtime:
-        upgrade(settings.database_url)
-        db_engine, db_sessions = open_database(settings.database_url)
-        store = SessionStore(db_engine, db_sessions)
-        checksums = settings.integrity.checksum != "none"
-        options = CoreOptions(
-            checksum_tiers=frozenset(settings.integrity.tiers) if checksums else frozenset(),
-            background_yield_s=settings.limits.background_yield_s,
-            admission_timeout_s=settings.limits.admission_timeout_s,
-        )
-        if settings.vllm.enabled:
-            vllm = VllmService(settings, store, options)
-            return cls._assemble(
-                settings, config_path, store, db_engine, db_sessions, vllm.driver.core, vllm
-            )
-        engine = ReferenceEngine(
-            ModelSpec(**settings.model.model_dump()), PoolSpec(**settings.pool.model_dump())
-        )
-        tiers: list[HostTier]
-        transfer: Transfer
-        if settings.dma.backend == "tpu_sync":
-            # TPU Sync keeps parked bytes in its own host memory, in the TPU's tiled layout:
-            # one bookkeeping-only tier, and nothing agentpark could copy to shm or disk. With
-            # dma.tpu_sync_shm that memory is TPU Sync's /dev/shm segments: the tier persists.
-            tiers, transfer = _tpu_sync_parts(settings, engine)
-        else:
-            transfer = select_transfer(
-                settings.dma.backend,
-                copy_threads=settings.dma.copy_threads,
-                hash_thread=settings.dma.hash_thread,
-                native_copy=settings.dma.native_copy,
-            )
-            tiers = build_tiers(settings, engine.geometry, engine.model_uid)
-            try:
-                settle_orphans(store, tiers, settings.reliability.tier_files)
-            except BaseException:
-                for tier in tiers:
-                    tier.close()
-                store.close()
-                raise
-        driver = in_process_core(
-            store,
-            engine,
-            transfer,
-            tiers,
-            max_new_tokens=settings.limits.max_new_tokens,
-            options=options,
-        )
-        log.info(
-            "pool: %d blocks of %d bytes (%d tokens each); tiers: %s; dma: %s",
-            engine.geometry.num_blocks,
-            engine.geometry.block_nbytes,
-            engine.geometry.block_size,
-            ", ".join(f"{t.name}={t.capacity_blocks} blocks" for t in tiers) or "none",
-            f"{transfer.name} ({transfer.copy_loop})"
-            if isinstance(transfer, HostCopyTransfer)
-            else transfer.name,
-        )
-        runtime = cls._assemble(
-            settings, config_path, store, db_engine, db_sessions, driver.core, None
-        )
-        runtime.engine, runtime.driver = engine, driver
+        """Every part from :mod:`agentpark.parts` (the one composition root)."""
+        parts = open_store(settings.database_url)
+        try:
+            if settings.vllm.enabled:
+                vllm = vllm_parts(settings, parts.store)
+                return cls._assemble(settings, config_path, parts, vllm.driver.core, vllm)
+            reference = reference_parts(settings, parts.store)
+        except BaseException:
+            parts.store.close()
+            raise
+        runtime = cls._assemble(settings, config_path, parts, reference.driver.core, None)
+        runtime.engine, runtime.driver = reference.engine, reference.driver
         return runtime
 
     @classmethod
@@ -152,9 +91,7 @@ class Runtime:
         cls,
         settings: Settings,
         config_path: Path | None,
-        store: SessionStore,
-        db_engine: Any,
-        db_sessions: Any,
+        parts: StoreParts,
         core: SessionCore,
         vllm: VllmService | None,
     ) -> Runtime:
@@ -169,15 +106,16 @@ class Runtime:
         core.add_listener(metrics.observe)
         sampler = HostSampler(
             snapshot,
-            SampleStore(db_engine, db_sessions),
+            SampleStore(parts.db_engine, parts.db_sessions),
             settings.dashboard,
-            retention=Retention(RetentionStore(db_engine), settings.retention),
+            retention=Retention(RetentionStore(parts.db_engine), settings.retention),
         )
+        store = parts.store
         policy = PolicyService(core, store, settings.policy)
         runtime = cls(
             settings, store, None, None, metrics, sampler, policy, ready, False, config_path
         )
-        runtime.checkpointer = WalCheckpointer(db_engine)
+        runtime.checkpointer = WalCheckpointer(parts.db_engine)
         runtime.checkpointer.start()
         interval = settings.reliability.storage_probe_s
         runtime.probe = StorageProbe(store.health, store.probe, interval)
@@ -280,73 +218,3 @@ class Runtime:
 def host_label(settings: Settings) -> str:
     """The ``host`` label of this daemon's metrics and history (default: the hostname)."""
     return settings.dashboard.host_label or socket.gethostname()
-
-
-def settle_orphans(store: SessionStore, tiers: list[HostTier], mode: str) -> None:
-    """Tier files with parked data next to a database that knows no session (a new or
-    emptied agentpark.db): refuse to start (ConfigError, exit 2), adopt or discard them.
-
-    ``adopt``: the file stays as it is and every slot counts as free; no session can be
-    attached to its bytes (their index was in the database), which new pauses overwrite.
-    ``discard``: the file is moved aside (``<name>.discarded-<ns>``, never deleted) and a
-    new, empty one made.
-    """
-    if store.knows_sessions():
-        return
-    found = orphaned(tiers)
-    if not found:
-        return
-    names = ", ".join(str(t.path) for t in found)
-    if mode == "refuse":
-        raise ConfigError(
-            f"tier files hold parked data but the database ({store.url}) knows no session: "
-            f"{names}. Was agentpark.db removed or replaced? Put it back, or start with "
-            "--tier-files adopt (keep the files, every slot free) or --tier-files discard "
-            "(move them aside) (config: reliability.tier_files)",
-            files=[str(t.path) for t in found],
-        )
-    for tier in found:
-        if mode == "adopt":
-            log.warning(
-                "%s tier: adopted %s: the database knows no session, so every slot is free "
-                "(the bytes there belong to no session and are overwritten by new pauses)",
-                tier.name,
-                tier.path,
-            )
-        else:
-            aside = tier.discard()
-            log.warning(
-                "%s tier: discarded %s (the database knows no session): moved it to %s and "
-                "started a new file",
-                tier.name,
-                tier.path,
-                aside,
-            )
-
-
-def _tpu_sync_parts(
-    settings: Settings, engine: ReferenceEngine
-) -> tuple[list[HostTier], TpuSyncTransfer]:
-    """The one tier TPU Sync holds the bytes of, and the started transfer over it."""
-    dma = settings.dma
-    checked = set(settings.integrity.tiers) if settings.integrity.checksum != "none" else set()
-    if Tier.DRAM in checked:
-        raise ConfigError(
-            "integrity.tiers includes 'dram', but with dma.backend = 'tpu_sync' the dram "
-            "tier's bytes live in TPU Sync's host memory, which agentpark cannot read to "
-            "checksum: drop 'dram' from integrity.tiers"
-        )
-    capacity = int(settings.tiers.dram.capacity) // engine.geometry.block_nbytes
-    shm = TpuSyncShm(settings.state_dir) if dma.tpu_sync_shm else None
-    tier = BackendHeldTier(Tier.DRAM, engine.geometry, capacity, persistent=shm is not None)
-    transfer = select_transfer(
-        "tpu_sync",
-        engine=engine,
-        host_blocks=capacity,
-        tpu_sync_on_cpu=dma.tpu_sync_on_cpu,
-        tpu_sync_shm=shm,
-    )
-    assert isinstance(transfer, TpuSyncTransfer)
-    if shm is not None:
-        tier.reattached, tier.attach_problem = shm.reattached, shm.attach_problem
-    return [tier], transfer

@@ -61,6 +61,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "agentpark.control",
         ),
     ),
+    # The part factories (one composition root), then the daemon they make.
+    ("parts", ("agentpark.parts",)),
     ("runtime", ("agentpark.runtime",)),
     ("api", ("agentpark.api", "agentpark.dashboard")),
     ("app", ("agentpark.app",)),

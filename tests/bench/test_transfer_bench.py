@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 import agentpark.dma
+import agentpark.dma.select
+import agentpark.parts
 from agentpark.bench import transfer as bench
 from agentpark.bench.common import filesystem_of, first_mismatch
 from agentpark.bench.transfer import daemon_parts, geometry, run, verdicts
@@ -196,7 +198,8 @@ def test_jax_memkind_fails_the_bench_on_a_restore_that_is_not_bit_exact(
         real = real_select(backend, **kwargs)  # the real platform check
         return Corrupting() if backend == "jax_memkind" else real
 
-    monkeypatch.setattr(daemon_parts, "select_transfer", select)
+    # The bench builds its backend the daemon's way (agentpark.parts): patched there.
+    monkeypatch.setattr(agentpark.parts, "select_transfer", select)
     code = bench.run_transfer_bench(
         [1 * MiB],
         repeats=1,
@@ -368,7 +371,7 @@ def test_a_restore_that_is_not_bit_exact_fails_the_bench(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     Corrupting = _corrupting_restores(HostCopyTransfer, monkeypatch)
-    monkeypatch.setattr(daemon_parts, "HostCopyTransfer", Corrupting)
+    monkeypatch.setattr(agentpark.dma.select, "HostCopyTransfer", Corrupting)
     directory = _directory(tier, shm_parent, disk_parent)
     code = bench.run_transfer_bench(
         [1 * MiB],

@@ -1,8 +1,6 @@
-"""The daemon's parts for ``agentpark bench transfer``, wired by hand: store, reference
-engine, the DMA backend under test, the one tier and the in-process session core (no HTTP).
-
-This is the bench's one copy of the wiring; it is kept as it was (a shared composition root
-for the daemon, the vLLM service and this bench is to replace it)."""
+"""The daemon's parts for ``agentpark bench transfer``: store, reference engine, the DMA
+backend under test, the one tier and the in-process session core (no HTTP), built by the
+daemon's own factories (:mod:`agentpark.parts`) from settings that name that one tier."""
 
 from __future__ import annotations
 
@@ -13,20 +11,17 @@ from pathlib import Path
 import jax
 
 from agentpark.bench.transfer.geometry import MODEL, TOKEN_BYTES
-from agentpark.dma import Transfer, select_transfer
+from agentpark.config import Settings, load_settings
+from agentpark.dma import Transfer
 from agentpark.dma.host_copy import HostCopyTransfer, LastRestorePath
 from agentpark.dma.jax_memkind import JaxMemkindTransfer
-from agentpark.engine.reference import PoolSpec, ReferenceEngine
-from agentpark.parking import CoreOptions, InProcessDriver, SessionCore, in_process_core
-from agentpark.store.db import open_database
-from agentpark.store.migrate import upgrade
+from agentpark.engine.reference import ReferenceEngine
+from agentpark.parking import InProcessDriver, SessionCore
+from agentpark.parts import open_store, reference_parts
 from agentpark.store.repository import SessionStore
-from agentpark.tiers.base import BackendHeldTier, HostTier
-from agentpark.tiers.disk import DiskTier
-from agentpark.tiers.dram import DramTier
-from agentpark.tiers.shm import ShmTier
+from agentpark.tiers.base import HostTier
 
-__all__ = ["Stack"]
+__all__ = ["Stack", "bench_settings"]
 
 
 @dataclass
@@ -69,59 +64,45 @@ class Stack:
         hash_thread: bool = False,
         native_copy: bool = True,
     ) -> Stack:
-        url = f"sqlite:///{state_dir / 'agentpark.db'}"
-        upgrade(url)
-        store = SessionStore(*open_database(url))
-        tier: HostTier | None = None
+        """The daemon's own parts (agentpark.parts) for these settings: the same store,
+        engine, backend, tier and core a daemon builds, without HTTP or a policy loop."""
+        settings = bench_settings(
+            state_dir,
+            tier_name,
+            tier_dir,
+            largest,
+            block_tokens,
+            backend=backend,
+            copy_threads=copy_threads,
+            hash_thread=hash_thread,
+            native_copy=native_copy,
+        )
+        parts = open_store(settings.database_url)
         try:
-            block_nbytes = block_tokens * TOKEN_BYTES
-            largest_blocks = largest // block_nbytes
-            # A margin of free blocks, so a resumed session lands on other block ids than it
-            # left.
-            num_blocks = largest_blocks + max(4, largest_blocks // 8)
-            model = dataclasses.replace(MODEL, max_seq_len=num_blocks * block_tokens)
-            pool = PoolSpec(block_size=block_tokens, num_blocks=num_blocks)
-            engine = ReferenceEngine(model, pool)
-            assert engine.geometry.block_nbytes == block_nbytes
-            transfer: Transfer
-            filler: Transfer
+            reference = reference_parts(settings, parts.store)
+        except BaseException:
+            parts.store.close()
+            raise
+        engine, driver = reference.engine, reference.driver
+        transfer = driver.transfer
+        (tier,) = driver.core.mover.tiers.values()
+        filler: Transfer = transfer
+        try:
             if backend == "tpu_sync":
-                tier = BackendHeldTier("dram", engine.geometry, largest // block_nbytes)
-                transfer = select_transfer(
-                    "tpu_sync",
-                    engine=engine,
-                    host_blocks=tier.capacity_blocks,
-                    tpu_sync_on_cpu=True,
-                )
                 on_cpu = jax.default_backend() == "cpu"
                 filler = HostCopyTransfer() if on_cpu else JaxMemkindTransfer()
-            elif backend == "jax_memkind":
-                tier = DramTier(engine.geometry, largest)
-                transfer = filler = select_transfer("jax_memkind")
-            else:
-                tier = _make_tier(tier_name, tier_dir, engine, largest)
-                copier = HostCopyTransfer(
-                    copy_threads=copy_threads,
-                    hash_thread=hash_thread,
-                    native_copy=native_copy,
-                    observer=LastRestorePath(),
-                )
+            elif isinstance(transfer, HostCopyTransfer):
+                transfer.observer = LastRestorePath()
                 # Compile the restore scatter for every window size before anything is timed.
-                copier.warmup(engine, tier)
-                transfer = filler = copier
-            # Checksums off; the repeats turn them on for the tier under test and back.
-            options = CoreOptions(checksum_tiers=frozenset())
-            driver = in_process_core(
-                store, engine, transfer, [tier], max_new_tokens=1, options=options
-            )
+                transfer.warmup(engine, tier)
         except BaseException:
-            if tier is not None:
-                tier.close()
-            store.close()
+            driver.core.close()
+            tier.close()
+            parts.store.close()
             raise
         native_on = isinstance(transfer, HostCopyTransfer) and transfer.native_copy
         return cls(
-            store,
+            parts.store,
             engine,
             transfer,
             tier,
@@ -141,10 +122,49 @@ class Stack:
         self.store.close()
 
 
-def _make_tier(name: str, tier_dir: Path | None, engine: ReferenceEngine, size: int) -> HostTier:
-    if name == "dram":
-        return DramTier(engine.geometry, size)
-    assert tier_dir is not None
-    if name == "shm":
-        return ShmTier(tier_dir / "shm-tier.bin", engine.geometry, size, engine.model_uid)
-    return DiskTier(tier_dir / "disk-tier.bin", engine.geometry, size, engine.model_uid)
+def bench_settings(
+    state_dir: Path,
+    tier_name: str,
+    tier_dir: Path | None,
+    largest: int,
+    block_tokens: int,
+    *,
+    backend: str,
+    copy_threads: int,
+    hash_thread: bool,
+    native_copy: bool,
+) -> Settings:
+    """A daemon's settings with the one tier under test (``largest`` bytes), the bench's
+    model and a pool of its largest size plus a margin of free blocks (so a resumed session
+    lands on other block ids than it left). Checksums off: the repeats turn them on for the
+    tier under test and back."""
+    block_nbytes = block_tokens * TOKEN_BYTES
+    largest_blocks = largest // block_nbytes
+    num_blocks = largest_blocks + max(4, largest_blocks // 8)
+    model = {**dataclasses.asdict(MODEL), "max_seq_len": num_blocks * block_tokens}
+    tiers: dict[str, dict[str, object]] = {
+        "dram": {"capacity": 0},
+        "shm": {"capacity": 0},
+        "disk": {"capacity": 0},
+    }
+    if backend != "host_copy" or tier_name == "dram":
+        tiers["dram"] = {"capacity": largest}
+    else:
+        assert tier_dir is not None
+        tiers[tier_name] = {"capacity": largest, "path": tier_dir / f"{tier_name}-tier.bin"}
+    return load_settings(
+        None,
+        state_dir=state_dir,
+        model=model,
+        pool={"block_size": block_tokens, "num_blocks": num_blocks},
+        tiers=tiers,
+        dma={
+            "backend": backend,
+            "copy_threads": copy_threads,
+            "hash_thread": hash_thread,
+            "native_copy": native_copy,
+            "tpu_sync_on_cpu": True,
+        },
+        integrity={"checksum": "none"},
+        limits={"max_new_tokens": 1},
+    )
