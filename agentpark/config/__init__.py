@@ -4,14 +4,18 @@ The daemon validates everything at start and refuses to run on a bad value, nami
 key, the value and the allowed range. deploy/agentpark.example.toml documents every key;
 tests/test_config.py checks that file against this package.
 
-The modules behind this face: ``sections`` (one model per TOML table), ``history`` (the
-dashboard and retention tables), ``settings`` (the whole, and its sources in order) and
-``loading`` (load_settings and its error messages).
+The modules behind this face: ``sections`` (one model per TOML table), ``settings`` (the
+whole, and its sources in order) and ``loading`` (load_settings and its error messages).
 """
 
-from agentpark.config.history import DashboardSettings, RetentionSettings
 from agentpark.config.loading import CONFIG_ENV, load_settings
-from agentpark.config.sections import DmaSettings, ModelSettings, PolicySettings
+from agentpark.config.sections import (
+    DashboardSettings,
+    DmaSettings,
+    ModelSettings,
+    PolicySettings,
+    RetentionSettings,
+)
 from agentpark.config.settings import Settings
 
 __all__ = [

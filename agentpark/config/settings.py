@@ -18,9 +18,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from agentpark.config.history import DashboardSettings, RetentionSettings
 from agentpark.config.sections import (
     AuthSettings,
+    DashboardSettings,
     DmaSettings,
     IntegritySettings,
     LimitSettings,
@@ -28,6 +28,7 @@ from agentpark.config.sections import (
     PolicySettings,
     PoolSettings,
     ReliabilitySettings,
+    RetentionSettings,
     ServerSettings,
     ShutdownSettings,
     TierSettings,
