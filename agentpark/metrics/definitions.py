@@ -276,6 +276,8 @@ class Metrics:
         """A vLLM connector's request served without agentpark (see VllmService)."""
         self.degraded.labels(self.host, label(cause, "unknown")).inc(n)
 
+    # ---- events -------------------------------------------------------------------------
+
     def observe(self, event: EventRow) -> None:
         """The event listener: count one committed event (never raises)."""
         self._events.observe(event)
