@@ -9,10 +9,7 @@ MAX_LINES = 400
 
 # Today's offenders, being split elsewhere. This set must only shrink, to empty: a module
 # split below the limit (or gone) fails the second test until its line here is removed.
-ALLOWED_OVERSIZE = {
-    "config.py",
-    "metrics.py",
-}
+ALLOWED_OVERSIZE: set[str] = set()
 
 
 def _lines() -> dict[str, int]:

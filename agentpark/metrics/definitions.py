@@ -1,4 +1,4 @@
-"""Every Prometheus metric agentpark exports, defined once, served at ``/metrics``.
+"""The metric families agentpark exports, defined once, served at ``/metrics``.
 
 Two sources feed them:
 
@@ -63,23 +63,17 @@ resume that found the session already in the pool (when parking records one).
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
 
-from agentpark import __version__
 from agentpark.control.degraded import DegradedCause
-from agentpark.enums import EventKind, Reason, State
+from agentpark.enums import Reason
+from agentpark.metrics.collector import HostCollector
+from agentpark.metrics.observer import EventObserver
 from agentpark.snapshot import HostSnapshot
 from agentpark.store.models import EventRow, SessionRow
-
-__all__ = ["METRIC_NAMES", "Metrics"]
-
-log = logging.getLogger(__name__)
 
 # Pause reasons and the label sets created at start (so rate() and increase() see a zero).
 PAUSE_REASONS = (Reason.EXPLICIT, Reason.TURN_END, Reason.IDLE, Reason.PRESSURE, Reason.DRAIN)
@@ -137,11 +131,6 @@ METRIC_NAMES = (
     "agentpark_vllm_degraded_total",
     "agentpark_auth_failures_total",
 )
-
-
-def _label(value: str | None, default: str) -> str:
-    """A label value from an event field: bounded length, never empty."""
-    return (value or default)[:32]
 
 
 class Metrics:
@@ -251,10 +240,8 @@ class Metrics:
             (*h, "answer"),
             registry=reg,
         )
-        # Sessions whose parked copy failed its checksum and whose recompute is not yet
-        # counted: that recompute is a fallback for reason "checksum", not the resume's.
-        self._corrupt: set[tuple[str, str]] = set()
-        reg.register(_HostCollector(snapshot, sessions, host))
+        self._events = EventObserver(self, host)
+        reg.register(HostCollector(snapshot, sessions, host))
         ProcessCollector(registry=reg)
         self._create_label_sets(list(snapshot().tiers))
 
@@ -294,62 +281,7 @@ class Metrics:
 
     def observe(self, event: EventRow) -> None:
         """The event listener: count one committed event (never raises)."""
-        try:
-            self._observe(event)
-        except Exception:
-            log.exception("metrics: cannot count event %s", event.kind)
-
-    def _observe(self, event: EventRow) -> None:
-        host, kind = self.host, event.kind
-        reason = _label(event.reason, "explicit")
-        seconds = (event.duration_ms or 0.0) / 1e3
-        nbytes = event.bytes or 0
-        self.events.labels(host, _label(kind, "unknown")).inc()
-        if kind == EventKind.PAUSE:
-            tier = _label(event.to_tier, "unknown")
-            self.pauses.labels(host, reason, tier).inc()
-            self.pause_seconds.labels(host, tier).observe(seconds)
-            self._transfer("park", tier, nbytes, seconds)
-        elif kind == EventKind.RESUME:
-            source = _label(event.from_tier, "pool")
-            self.resumes.labels(host, source, reason).inc()
-            self.resume_seconds.labels(host, source).observe(seconds)
-            if source != "pool":
-                self._transfer("restore", source, nbytes, seconds)
-        elif kind == EventKind.RECOMPUTE:
-            self.resumes.labels(host, "recompute", reason).inc()
-            self.resume_seconds.labels(host, "recompute").observe(seconds)
-            key = (event.tenant, event.session_id)
-            if key in self._corrupt:
-                self._corrupt.discard(key)
-                reason = Reason.CHECKSUM
-            self.recomputes.labels(host, reason).inc()
-        elif kind == EventKind.RESTORE_FAILED:
-            self.restore_failures.labels(host, _label(event.from_tier, "unknown")).inc()
-        elif kind == EventKind.CORRUPT:
-            # The restore from that tier failed (the copy is dropped, the session LOST);
-            # the recompute that follows is counted when its event comes.
-            self.restore_failures.labels(host, _label(event.from_tier, "unknown")).inc()
-            self.lost.labels(host, Reason.CHECKSUM).inc()
-            self._corrupt.add((event.tenant, event.session_id))
-        elif kind == EventKind.DELETE:
-            self._corrupt.discard((event.tenant, event.session_id))
-        elif kind == EventKind.LOST:
-            self.lost.labels(host, reason).inc()
-            if reason == Reason.TIER_FILE_MISSING:  # a parked copy that cannot be restored
-                self.restore_failures.labels(host, _label(event.from_tier, "unknown")).inc()
-        elif kind == EventKind.MOVE:
-            src, dst = _label(event.from_tier, "unknown"), _label(event.to_tier, "unknown")
-            self.moves.labels(host, kind, src, dst).inc()
-            self._transfer(kind, dst, nbytes, seconds)
-
-    def _transfer(self, direction: str, tier: str, nbytes: int, seconds: float) -> None:
-        if nbytes <= 0:
-            return
-        self.transfer_bytes.labels(self.host, direction, tier).inc(nbytes)
-        self.transfer_seconds.labels(self.host, direction, tier).inc(seconds)
-        if seconds > 0:
-            self.bandwidth.labels(self.host, direction, tier).observe(nbytes / seconds)
+        self._events.observe(event)
 
     # ---- exposition ---------------------------------------------------------------------
 
@@ -357,94 +289,3 @@ class Metrics:
         """The exposition for this Accept header (Prometheus text, or OpenMetrics)."""
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
-
-
-class _HostCollector(Collector):
-    """Gauges read from the host view at scrape time."""
-
-    def __init__(
-        self,
-        snapshot: Callable[[], HostSnapshot],
-        sessions: Callable[[], list[SessionRow]],
-        host: str,
-    ) -> None:
-        self.snapshot = snapshot
-        self.sessions = sessions
-        self.host = host
-
-    def describe(self) -> Iterable[Metric]:
-        return list(self._families())
-
-    def collect(self) -> Iterable[Metric]:
-        return list(self._families(self.snapshot()))
-
-    def _families(self, view: HostSnapshot | None = None) -> Iterator[Metric]:
-        h = self.host
-        info = InfoMetricFamily(
-            "agentpark_build",
-            "The daemon's version, DMA backend and model.",
-            labels=("host", "version", "dma_backend", "model_uid"),
-        )
-        ready = GaugeMetricFamily(
-            "agentpark_ready",
-            "1 when the engine is warm and sessions are served.",
-            labels=("host",),
-        )
-        pool_blocks = GaugeMetricFamily(
-            "agentpark_pool_blocks", "KV pool blocks by state.", labels=("host", "state")
-        )
-        pool_bytes = GaugeMetricFamily(
-            "agentpark_pool_bytes", "KV pool (HBM) bytes by state.", labels=("host", "state")
-        )
-        block_bytes = GaugeMetricFamily(
-            "agentpark_pool_block_bytes", "Bytes of one KV block.", labels=("host",)
-        )
-        reclaimed = GaugeMetricFamily(
-            "agentpark_hbm_reclaimed_bytes",
-            "HBM given back to the pool by parking: KV bytes of the sessions parked now.",
-            labels=("host",),
-        )
-        parked = GaugeMetricFamily(
-            "agentpark_parked_bytes",
-            "KV bytes of the sessions parked now, by tier.",
-            labels=("host", "tier"),
-        )
-        tier_gauges = {
-            key: GaugeMetricFamily(
-                f"agentpark_tier_{key}", f"Tier {key.replace('_', ' ')}.", labels=("host", "tier")
-            )
-            for key in ("capacity_bytes", "used_bytes", "capacity_blocks", "used_blocks")
-        }
-        sessions = GaugeMetricFamily(
-            "agentpark_sessions", "Live sessions by state.", labels=("host", "state")
-        )
-        if view is not None:
-            info.add_metric([h, __version__, view.dma_backend, view.model_uid], {})
-            ready.add_metric([h], 1.0 if view.ready else 0.0)
-            pool = view.pool
-            pool_blocks.add_metric([h, "free"], pool.free_blocks)
-            pool_blocks.add_metric([h, "used"], pool.used_blocks)
-            pool_bytes.add_metric([h, "free"], pool.free_bytes)
-            pool_bytes.add_metric([h, "used"], pool.used_bytes)
-            block_bytes.add_metric([h], pool.block_bytes)
-            reclaimed.add_metric([h], view.reclaimed_bytes)
-            by_tier = dict.fromkeys(view.tiers, 0)
-            for row in self.sessions():
-                if row.state == State.PARKED and row.tier:
-                    by_tier[row.tier] = by_tier.get(row.tier, 0) + row.kv_bytes
-            for tier, nbytes in sorted(by_tier.items()):
-                parked.add_metric([h, tier], nbytes)
-            for name, figures in sorted(view.tiers.items()):
-                for key, family in tier_gauges.items():
-                    family.add_metric([h, name], getattr(figures, key))
-            for state, count in sorted(view.sessions.items()):
-                sessions.add_metric([h, state], count)
-        yield info
-        yield ready
-        yield pool_blocks
-        yield pool_bytes
-        yield block_bytes
-        yield reclaimed
-        yield parked
-        yield from tier_gauges.values()
-        yield sessions

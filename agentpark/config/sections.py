@@ -1,31 +1,16 @@
-"""Settings: embedded defaults < TOML file < AGENTPARK_* environment < command-line flags.
+"""The sections of the configuration: one frozen model per TOML table, each key bounded.
 
-The daemon validates everything at start and refuses to run on a bad value, naming the
-key, the value and the allowed range. deploy/agentpark.example.toml documents every key;
-tests/test_config.py checks that file against this module.
+Every field names its allowed range (``ge``/``le``) so a bad value is refused at start with
+the key, the value and the range (agentpark.config.loading); deploy/agentpark.example.toml
+documents every key and tests/test_config.py checks that file against these models.
 """
 
 from __future__ import annotations
 
-import os
-from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import annotated_types
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
-
-from agentpark.errors import ConfigError
-
-__all__ = ["Settings", "load_settings"]
-
-CONFIG_ENV = "AGENTPARK_CONFIG"
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, model_validator
 
 
 class _Section(BaseModel):
@@ -343,112 +328,3 @@ class RetentionSettings(_Section):
         "the delete; then its id can be created again",
     )
     batch_rows: int = Field(5000, ge=1, le=1_000_000, description="rows per delete")
-
-
-class Settings(BaseSettings):
-    """The whole configuration of one daemon."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="AGENTPARK_",
-        env_nested_delimiter="__",
-        extra="forbid",
-        frozen=True,
-    )
-
-    state_dir: Path = Path(".agentpark")
-    db_url: str | None = Field(None, description="default: sqlite file in state_dir")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    server: ServerSettings = ServerSettings()
-    model: ModelSettings = ModelSettings()
-    pool: PoolSettings = PoolSettings()
-    tiers: TierSettings = TierSettings()
-    dma: DmaSettings = DmaSettings()
-    limits: LimitSettings = LimitSettings()
-    auth: AuthSettings = AuthSettings()
-    integrity: IntegritySettings = IntegritySettings()
-    shutdown: ShutdownSettings = ShutdownSettings()
-    reliability: ReliabilitySettings = ReliabilitySettings()
-    policy: PolicySettings = PolicySettings()
-    dashboard: DashboardSettings = DashboardSettings()
-    vllm: VllmSettings = VllmSettings()
-    retention: RetentionSettings = RetentionSettings()
-
-    @property
-    def database_url(self) -> str:
-        return self.db_url or f"sqlite:///{self.state_dir / 'agentpark.db'}"
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        toml_file = _TOML_FILE.get()
-        if toml_file is not None:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
-        return tuple(sources)
-
-
-# The file the Settings() being built reads; sources are made per class, so the path
-# travels in a context variable rather than through a subclass per file.
-_TOML_FILE: ContextVar[Path | None] = ContextVar("agentpark_toml_file", default=None)
-
-
-def load_settings(config_path: Path | None = None, **overrides: Any) -> Settings:
-    """Build validated settings; raise ConfigError naming each bad key and its range."""
-    path = config_path
-    if path is None and os.environ.get(CONFIG_ENV):
-        path = Path(os.environ[CONFIG_ENV])
-    if path is not None and not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
-    if path is not None and not path.is_file():
-        raise ConfigError(f"config file {path} is not a regular file")
-    token = _TOML_FILE.set(path)
-    try:
-        return Settings(**overrides)
-    except ValidationError as exc:
-        raise ConfigError(_describe(exc, path)) from None
-    except (ValueError, OSError) as exc:  # TOML syntax errors surface as ValueError
-        raise ConfigError(f"cannot read config file {path}: {exc}") from None
-    finally:
-        _TOML_FILE.reset(token)
-
-
-def _describe(exc: ValidationError, path: Path | None) -> str:
-    where = f" (config file {path}, environment AGENTPARK_*)" if path else " (AGENTPARK_*)"
-    lines = [f"invalid configuration{where}:"]
-    for err in exc.errors():
-        loc = tuple(str(p) for p in err["loc"])
-        key = ".".join(loc) or "<root>"
-        allowed = _allowed_range(loc)
-        value = err.get("input")
-        shown = "" if isinstance(value, dict) else f" = {value!r}"
-        lines.append(f"  {key}{shown}: {err['msg']}{allowed}")
-    return "\n".join(lines)
-
-
-def _allowed_range(loc: tuple[str, ...]) -> str:
-    """Find the field's ge/le bounds so the message names the whole allowed range."""
-    model: Any = Settings
-    field = None
-    for part in loc:
-        fields = getattr(model, "model_fields", None)
-        if not fields or part not in fields:
-            return ""
-        field = fields[part]
-        model = field.annotation
-    if field is None:
-        return ""
-    low = high = None
-    for meta in field.metadata:
-        if isinstance(meta, annotated_types.Ge):
-            low = meta.ge
-        elif isinstance(meta, annotated_types.Le):
-            high = meta.le
-    if low is None and high is None:
-        return ""
-    return f" (allowed: {'' if low is None else low}..{'' if high is None else high})"
