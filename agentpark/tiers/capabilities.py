@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Reattaching", "Replaceable", "Wakeable", "WarmsUp"]
+__all__ = ["Reattaching", "Replaceable", "WarmsUp"]
 
 
 @runtime_checkable
@@ -34,13 +34,6 @@ class Replaceable(Protocol):
     def reopen(self) -> None:
         """Make or map the tier's file again once no slot is in use."""
         ...
-
-
-@runtime_checkable
-class Wakeable(Protocol):
-    """An engine host whose waiters (for pool blocks) can be told to give up now."""
-
-    def wake(self) -> None: ...
 
 
 @runtime_checkable
