@@ -68,6 +68,12 @@ class SchedulerSide:
         self._next = StepPlan()
 
     @property
+    def session_tenant(self) -> str:
+        """Whose sessions these are: the token's tenant as the daemon said it in hello (the
+        daemon never takes one from a frame), else the configured one until it has."""
+        return self.client.tenant or self.tenant
+
+    @property
     def requests_in_flight(self) -> int:
         """Requests of a session seen and not finished yet."""
         return len(self._requests)
@@ -75,7 +81,7 @@ class SchedulerSide:
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        params = parse_params(request.kv_transfer_params, self.tenant)
+        params = parse_params(request.kv_transfer_params, self.session_tenant)
         if params is None or isinstance(params, str):
             return 0, False
         record = self._requests.setdefault(request.request_id, _Request(params))
@@ -84,7 +90,6 @@ class SchedulerSide:
         answer = self.client.call(
             "match",
             encode_tokens(tokens),
-            tenant=self.tenant,
             session_id=params.session_id,
             num_computed=num_computed_tokens,
         )
@@ -111,7 +116,6 @@ class SchedulerSide:
             answer = self.client.call(
                 "begin_load",
                 encode_tokens(list(request.all_token_ids)),
-                tenant=self.tenant,
                 session_id=record.params.session_id,
                 start_block=start,
                 block_ids=list(block_ids[:end]),
@@ -153,7 +157,7 @@ class SchedulerSide:
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         record = self._requests.pop(request.request_id, None)
-        parsed = parse_params(request.kv_transfer_params, self.tenant)
+        parsed = parse_params(request.kv_transfer_params, self.session_tenant)
         if parsed is None:
             return False, None
         if isinstance(parsed, str):
@@ -179,7 +183,6 @@ class SchedulerSide:
         answer = self.client.call(
             "prepare_store",
             encode_tokens(tokens),
-            tenant=self.tenant,
             session_id=params.session_id,
             block_ids=ids,
             tool=params.tool,

@@ -73,7 +73,7 @@ class ControlDaemon:
         self.service = control_service(self.settings, self.store)
         self.service.start()
         self.client.close()
-        self.client = ControlClient(None, socket_path=str(self.service.socket_path))
+        self.client = ControlClient(None, socket_path=str(self.service.socket_path), timeout_s=10)
 
     def _stop(self) -> None:
         self.service.stop()
@@ -106,7 +106,10 @@ def control_daemon(tmp_path: Path, shm_dir: Path) -> Iterator[ControlDaemon]:
     service = control_service(settings, store)
     service.start()
     made = ControlDaemon(
-        settings, store, service, ControlClient(None, socket_path=str(service.socket_path))
+        settings,
+        store,
+        service,
+        ControlClient(None, socket_path=str(service.socket_path), timeout_s=10),
     )
     yield made
     made.close()

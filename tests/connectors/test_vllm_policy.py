@@ -260,7 +260,7 @@ def test_a_copy_on_disk_survives_a_daemon_restart_and_is_promoted_after_it(
     daemon.client.close()
     _close(daemon.service)
     daemon.service, daemon.policy, daemon.metrics = _start(daemon.settings, daemon.store)
-    daemon.client = ControlClient(None, socket_path=str(daemon.service.socket_path))
+    daemon.client = ControlClient(None, socket_path=str(daemon.service.socket_path), timeout_s=10)
     row = daemon.service.driver.core.get(TENANT, "a")
     assert row.state == State.PARKED and row.tier == Tier.DISK  # the disk file re-attached
     _, worker = _register(daemon)

@@ -306,7 +306,9 @@ def test_degraded_counts_made_while_the_daemon_was_away_reach_it(
     assert absent.call("hello") is None  # within the back-off: degraded at once
     assert absent.counts["daemon_unreachable"] == 2
     # The same client, once it reaches a daemon, sends what it counted.
-    late = ControlClient(None, socket_path=str(daemon.service.socket_path), who="test")
+    late = ControlClient(
+        None, socket_path=str(daemon.service.socket_path), who="test", timeout_s=10
+    )
     late.degraded("daemon_unreachable", "while it was away")
     late.degraded("daemon_unreachable", "while it was away")
     assert late.call("hello") is not None
@@ -315,7 +317,10 @@ def test_degraded_counts_made_while_the_daemon_was_away_reach_it(
 
 
 def test_a_call_after_a_daemon_restart_reconnects_at_once(daemon: Daemon) -> None:
-    client = ControlClient(None, socket_path=str(daemon.service.socket_path), who="test")
+    # A roomy time-out: this is about the stale connection, not about how fast a loaded
+    # machine answers (a time-out would count as degraded too).
+    socket_path = str(daemon.service.socket_path)
+    client = ControlClient(None, socket_path=socket_path, who="test", timeout_s=10)
     assert client.call("hello") is not None
     daemon.restart()
     assert client.call("hello") is not None  # the stale connection is replaced, not degraded
