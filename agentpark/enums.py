@@ -96,6 +96,8 @@ class Reason(StrEnum):
     CHECKSUM = "checksum"
     TIER_FILE_MISSING = "tier_file_missing"  # a tier file removed or replaced while running
     TTL = "ttl"  # a parked copy untouched for policy.parked_ttl_s was dropped
+    CONTENT = "content"  # parked blocks found by content (another session's) served it
+    ANONYMOUS = "anonymous"  # an unnamed conversation's copy: superseded, over its share, TTL
 
 
 class EventKind(StrEnum):

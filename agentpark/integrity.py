@@ -13,8 +13,12 @@ A piece fits in one core's L2 cache, so a copy loop that hashes each piece of th
 after writing it (pause) or right before reading it (restore) reads it from cache, not
 memory. xxh3 releases the GIL on large buffers, so threads hash in parallel.
 
-Copies parked before this definition carry ``xxh3:`` (one stream over each pool array's
-rows in turn); they are still verified, by :func:`matches`, the old way.
+Blocks stored by content (agentpark.tiers.slots) carry a digest each
+(``xxh3b``, :func:`block_digests`): a block shared by several sessions is verified by its
+own digest, whoever reads it.
+
+Copies parked before ``xxh3p`` carry ``xxh3:`` (one stream over each pool array's rows in
+turn); they are still verified, by :func:`matches`, the old way.
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ from agentpark.blocks import PoolGeometry, contiguous_runs
 from agentpark.tiers.base import HostTier
 
 __all__ = [
+    "BLOCK_SCHEME",
     "PIECE_BYTES",
     "SCHEME",
+    "block_digests",
+    "blocks_intact",
     "checksum",
     "combine",
     "fusable",
@@ -39,6 +46,7 @@ __all__ = [
 ]
 
 SCHEME = "xxh3p"
+BLOCK_SCHEME = "xxh3b"
 _LEGACY = "xxh3"
 PIECE_BYTES = 2**20
 """Bytes per hashed piece (rounded to whole blocks): half of a core's 2 MiB L2 here."""
@@ -96,3 +104,26 @@ def _legacy_checksum(tier: HostTier, slots: Sequence[int]) -> str:
         for _pos, slot, n in contiguous_runs(slots):
             digest.update(buf[slot : slot + n].data)
     return f"{_LEGACY}:{digest.hexdigest()}"
+
+
+def block_digests(tier: HostTier, slots: Sequence[int]) -> list[str]:
+    """The digest of each slot's block: xxh3-64 over its rows of every pool array in turn.
+
+    Independent of the slot (a block moved to another tier or slot keeps it) and of who
+    else holds the block.
+    """
+    buffers = tier.buffers()
+    digests: list[str] = []
+    for slot in slots:
+        digest = xxhash.xxh3_64()
+        for buf in buffers:
+            digest.update(buf[slot].data)
+        digests.append(f"{BLOCK_SCHEME}:{digest.hexdigest()}")
+    return digests
+
+
+def blocks_intact(tier: HostTier, slots: Sequence[int], expected: Sequence[str | None]) -> bool:
+    """Whether every slot's block still has its digest (a None expects nothing)."""
+    got = block_digests(tier, [s for s, e in zip(slots, expected, strict=True) if e is not None])
+    want = [e for e in expected if e is not None]
+    return got == want

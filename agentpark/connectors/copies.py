@@ -53,8 +53,8 @@ class Copies(ABC):
         self._copied: set[int] = set()
 
     @abstractmethod
-    def store(self, store: StoreMeta) -> str | None:
-        """Copy the blocks into the slots; their checksum when the daemon asked for one.
+    def store(self, store: StoreMeta) -> list[str] | None:
+        """Copy the blocks into the slots; each one's digest when the daemon asked for them.
 
         CopyRefused for a copy that must not run; any other exception is a failed copy.
         """
@@ -88,9 +88,9 @@ class Copies(ABC):
             if store.store_id in self._copied:
                 continue
             self._copied.add(store.store_id)
-            ok, digest, detail = False, None, None
+            ok, digests, detail = False, None, None
             try:
-                digest = self.store(store)
+                digests = self.store(store)
                 ok = True
             except CopyRefused as exc:
                 detail = exc.detail
@@ -99,7 +99,7 @@ class Copies(ABC):
                 log.exception("agentpark worker: store %d failed", store.store_id)
             done.add(store.req_id)
             self.client.call(
-                "complete_store", store_id=store.store_id, ok=ok, checksum=digest, detail=detail
+                "complete_store", store_id=store.store_id, ok=ok, digests=digests, detail=detail
             )
         return done
 
@@ -129,7 +129,7 @@ class OffCopies(Copies):
         super().__init__(client)
         self.why = why
 
-    def store(self, store: StoreMeta) -> str | None:
+    def store(self, store: StoreMeta) -> list[str] | None:
         raise CopyRefused(f"agentpark is off in this worker: {self.why}")
 
     def load(self, load: LoadMeta) -> None:

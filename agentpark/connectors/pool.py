@@ -23,7 +23,7 @@ import torch
 
 from agentpark.blocks import PoolGeometry
 from agentpark.connectors.protocol import Layout, PoolFile
-from agentpark.integrity import checksum, matches
+from agentpark.integrity import block_digests, blocks_intact
 from agentpark.tiers.base import HostTier
 from agentpark.tiers.filetier import read_header
 
@@ -124,11 +124,12 @@ class MappedPool:
         if any(t.device.type == "cuda" for t in targets):
             torch.cuda.current_stream().synchronize()
 
-    def checksum(self, slots: Sequence[int]) -> str:
-        return checksum(self._as_tier(), list(slots))
+    def digests(self, slots: Sequence[int]) -> list[str]:
+        """Each slot's block digest (agentpark.integrity), as the daemon keeps them."""
+        return block_digests(self._as_tier(), list(slots))
 
-    def intact(self, slots: Sequence[int], expected: str) -> bool:
-        return matches(self._as_tier(), list(slots), expected)
+    def intact(self, slots: Sequence[int], expected: Sequence[str | None]) -> bool:
+        return blocks_intact(self._as_tier(), list(slots), list(expected))
 
     def _as_tier(self) -> HostTier:
         return self._view  # type: ignore[return-value]  # integrity reads geometry, buffers

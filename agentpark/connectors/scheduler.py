@@ -133,8 +133,7 @@ class SchedulerSide:
                 int(answer["load_id"]),
                 targets,
                 [int(s) for s in answer["slots"]],
-                [int(s) for s in answer["parked_slots"]],
-                answer.get("checksum"),
+                _digests(answer.get("digests")),
                 answer.get("pool_id"),
             )
         )
@@ -196,17 +195,26 @@ class SchedulerSide:
             return False, _answer("kept", why, record)
         if answer.get("decision") != "parked":
             return False, _answer("kept", str(answer.get("why")), record)
+        slots = [int(s) for s in answer["slots"]]
+        fresh = [bool(f) for f in answer.get("fresh") or [True] * len(slots)]
         self._next.stores.append(
             StoreMeta(
                 request.request_id,
                 int(answer["store_id"]),
-                ids,
-                [int(s) for s in answer["slots"]],
+                [b for b, new in zip(ids, fresh, strict=True) if new],
+                [s for s, new in zip(slots, fresh, strict=True) if new],
                 bool(answer.get("checksum")),
                 answer.get("pool_id"),
             )
         )
         return True, _answer("parked", str(answer.get("why")), record)
+
+
+def _digests(raw: Any) -> list[str | None] | None:
+    """A load's per-block digests as the daemon sent them (None: nothing to verify)."""
+    if not isinstance(raw, list) or all(d is None for d in raw):
+        return None
+    return [None if d is None else str(d) for d in raw]
 
 
 class OffScheduler(SchedulerSide):

@@ -14,13 +14,14 @@ __all__ = ["LoadMeta", "StepPlan", "StoreMeta"]
 
 @dataclass
 class StoreMeta:
-    """A park to copy: engine blocks ``block_ids[i]`` into pool slots ``slots[i]``."""
+    """A park to copy: engine blocks ``block_ids[i]`` into pool slots ``slots[i]`` (only
+    the blocks the pool lacks: the daemon shares the others by content)."""
 
     req_id: str
     store_id: int
     block_ids: list[int]
     slots: list[int]
-    checksum: bool  # whether the daemon wants the copy's checksum (never for held bytes)
+    checksum: bool  # whether the daemon wants each block's digest (never for held bytes)
     pool_id: str | None
 
 
@@ -32,8 +33,7 @@ class LoadMeta:
     load_id: int
     block_ids: list[int]  # the engine blocks to fill, in order
     slots: list[int]  # the pool slots they come from
-    parked_slots: list[int]  # the whole parked copy (what the checksum covers)
-    checksum: str | None
+    digests: list[str | None] | None  # what each slot's block must hash to (None: unchecked)
     pool_id: str | None
 
 

@@ -97,19 +97,19 @@ class TorchCopies(Copies):
         )
         return mapped
 
-    def store(self, store: StoreMeta) -> str | None:
+    def store(self, store: StoreMeta) -> list[str] | None:
         pool = self.ensure_pool(store.pool_id)
         if pool is None:
             raise CopyRefused("the worker has no host pool mapped")
         pool.store(self.sources, store.block_ids, store.slots)
-        return pool.checksum(store.slots) if store.checksum else None
+        return pool.digests(store.slots) if store.checksum else None
 
     def load(self, load: LoadMeta) -> None:
         pool = self.ensure_pool(load.pool_id)
         if pool is None:
             raise CopyRefused("the worker has no host pool mapped", "pool_unmapped")
-        if load.checksum is not None and not pool.intact(load.parked_slots, load.checksum):
-            raise CopyRefused("the parked copy fails its checksum", "checksum")
+        if load.digests is not None and not pool.intact(load.slots, load.digests):
+            raise CopyRefused("a parked block fails its checksum", "checksum")
         pool.load(self.sources, load.slots, load.block_ids)
 
     def close(self) -> None:

@@ -352,7 +352,7 @@ class TpuWorker(Copies):
             self.register()
         return self.registered
 
-    def store(self, store: StoreMeta) -> str | None:
+    def store(self, store: StoreMeta) -> list[str] | None:
         """Never a checksum: agentpark cannot read TPU Sync's host blocks."""
         if store.pool_id != self.pool_id:
             self.register()

@@ -196,6 +196,7 @@ class ControlOps:
             decode_tokens(blob),
             request.num_computed,
             Tier.SHM,
+            request.extra(),
         )
         return MatchAnswer(tokens=n)
 
@@ -211,13 +212,13 @@ class ControlOps:
             request.block_ids,
             only_tier=Tier.SHM,  # the worker maps the pool file only
             owner=conn.owner,
+            extra=request.extra(),
         )
         return BeginLoadAnswer(
             load_id=plan.load_id,
             tier=plan.tier,
-            slots=plan.slots,
-            parked_slots=plan.parked_slots,
-            checksum=plan.checksum,
+            slots=list(plan.slots),
+            digests=list(plan.digests),
             pool_id=self.service.pool_id,
         )
 
@@ -254,6 +255,7 @@ class ControlOps:
             expected_resume_s=request.expected_resume_s,
             tier=Tier.SHM,
             owner=conn.owner,
+            extra=request.extra(),
         )
         if not isinstance(result, StorePlan):
             return PrepareStoreAnswer(decision=result.decision, why=result.why)
@@ -261,7 +263,8 @@ class ControlOps:
             decision=Decision.PARKED,
             why=result.why,
             store_id=result.store_id,
-            slots=result.slots,
+            slots=list(result.slots),
+            fresh=list(result.fresh),
             checksum=result.checksum,
             pool_id=self.service.pool_id,
         )
@@ -271,12 +274,12 @@ class ControlOps:
     ) -> CompleteStoreAnswer:
         tier = self.service.tier
         checksummed = tier is not None and self.service.driver.core.mover.checksummed(tier)
-        if request.ok and request.checksum is None and checksummed:
-            raise BadRequest("checksum: required with ok true (the pool is checksummed)")
+        if request.ok and request.digests is None and checksummed:
+            raise BadRequest("digests: required with ok true (the pool is checksummed)")
         result = self.service.driver.complete_store(
             request.store_id,
             request.ok,
-            request.checksum,
+            request.digests,
             None if request.detail is None else request.detail[:500],
             owner=conn.owner,
         )

@@ -32,6 +32,8 @@ from agentpark.connectors.protocol import (
     Held,
     Layout,
 )
+from agentpark.kvkeys import Lora
+from agentpark.parking.external.lookup import RequestKeys
 
 __all__ = [
     "BLOB_OPS",
@@ -64,6 +66,9 @@ _COUNT = Annotated[int, Field(ge=0, le=2**31 - 1)]
 SessionId = Annotated[str, Field(min_length=1, max_length=128, pattern=SESSION_ID_RE.pattern)]
 Tool = Annotated[str, Field(min_length=1, max_length=128, pattern=TOOL_RE.pattern)]
 _NAME = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
+_DIGEST = Annotated[
+    str, Field(min_length=3, max_length=160, pattern=r"^[a-z0-9]{1,16}:[0-9a-f]{1,128}$")
+]
 
 
 class BadRequest(Exception):
@@ -157,15 +162,33 @@ class RegisterRequest(_Request):
     held: HeldIn | None = None
 
 
-class MatchRequest(_Request):
+class LoraIn(_Request):
+    """A LoRA adapter as vLLM keys blocks with it (its name and path)."""
+
+    name: str = Field(min_length=1, max_length=256)
+    path: str = Field(min_length=1, max_length=4096)
+
+
+class _Keyed(_Request):
+    """A request's session (None: it has no name, matched and parked by content only)
+    and what keys its blocks besides its tokens (vLLM's cache_salt and LoRA)."""
+
+    session_id: SessionId | None = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    lora: LoraIn | None = None
+
+    def extra(self) -> RequestKeys:
+        lora = None if self.lora is None else Lora(self.lora.name, self.lora.path)
+        return RequestKeys(self.cache_salt, lora)
+
+
+class MatchRequest(_Keyed):
     op: Literal["match"]
-    session_id: SessionId
     num_computed: _COUNT
 
 
-class BeginLoadRequest(_Request):
+class BeginLoadRequest(_Keyed):
     op: Literal["begin_load"]
-    session_id: SessionId
     start_block: int = Field(ge=0, le=MAX_BLOCKS)
     block_ids: list[_BLOCK] = Field(min_length=1, max_length=MAX_BLOCKS)
 
@@ -177,9 +200,8 @@ class LoadDoneRequest(_Request):
     cause: _NAME | None = None
 
 
-class PrepareStoreRequest(_Request):
+class PrepareStoreRequest(_Keyed):
     op: Literal["prepare_store"]
-    session_id: SessionId
     block_ids: list[_BLOCK] = Field(max_length=MAX_BLOCKS)
     tool: Tool | None = None
     expected_resume_s: float | None = Field(None, ge=0.0, le=MAX_EXPECTED_RESUME_S)
@@ -189,8 +211,10 @@ class CompleteStoreRequest(_Request):
     op: Literal["complete_store"]
     store_id: _PLAN_ID
     ok: bool
-    checksum: str | None = Field(
-        None, min_length=3, max_length=160, pattern=r"^[a-z0-9]{1,16}:[0-9a-f]{1,128}$"
+    digests: list[_DIGEST] | None = Field(
+        None,
+        max_length=MAX_BLOCKS,
+        description="the digest of each block the plan said to copy, in order",
     )
     detail: str | None = Field(None, max_length=4096)
 
@@ -230,8 +254,7 @@ class BeginLoadAnswer(_Answer):
     load_id: int
     tier: str
     slots: list[int]
-    parked_slots: list[int]
-    checksum: str | None
+    digests: list[str | None]  # what each slot's block must hash to (None: unchecked)
     pool_id: str | None
 
 
@@ -247,6 +270,7 @@ class PrepareStoreAnswer(_Answer):
     why: str
     store_id: int | None = None
     slots: list[int] | None = None
+    fresh: list[bool] | None = None  # per slot: copy into it (else the pool holds the block)
     checksum: bool | None = None
     pool_id: str | None = None
 

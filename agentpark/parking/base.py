@@ -345,7 +345,7 @@ class CoreBase:
     def check_invariants(self, owned: Callable[[LiveSession], list[int]] | None = None) -> None:
         """Tier accounting agrees with the sessions; with ``owned`` (the engine's record of
         each session's blocks), the block tables too. For tests and debugging."""
-        parked = dict.fromkeys(self.tiers, 0)
+        parked: dict[str, set[int]] = {name: set() for name in self.tiers}
         for live in self.registry.all():
             if owned is not None:
                 assert set(owned(live)) == set(live.block_table), f"{live.key}: pool disagrees"
@@ -353,11 +353,11 @@ class CoreBase:
                 assert len(live.block_table) == self.geometry.blocks_for(len(live.tokens))
             if live.row.state == State.PARKED:
                 assert not live.block_table and len(live.slots) == live.row.kv_blocks
-                parked[live.row.tier or ""] += len(live.slots)
+                parked[live.row.tier or ""].update(live.slots)  # a shared slot counts once
             else:
                 assert not live.slots, f"{live.key}: slots held while {live.row.state}"
         for name, tier in self.tiers.items():
-            assert tier.used_blocks == parked[name], f"{name}: slots used by no session"
+            assert tier.used_blocks == len(parked[name]), f"{name}: slots used by no session"
         rows = self.live_sessions()
         by_state, parked_bytes = self.registry.tally.figures()
         for state in State:

@@ -12,7 +12,13 @@ medium, destination medium) pair:
                    demotion), or an external engine's host-resident pool
 =================  =====================================================================
 
-Checksums (agentpark.integrity) are of the copy as it sits in the tier. With
+Slots hold blocks addressed by content (agentpark.tiers.slots): a reservation shares
+the slots of keys the tier already holds and takes fresh ones for the rest, so a park
+copies only the blocks the tier lacks. A block key is vLLM's hash chain (agentpark.kvkeys)
+namespaced by tenant, so no block crosses tenants.
+
+Checksums (agentpark.integrity) are of the copy as it sits in the tier: a digest per
+block for copies stored by content, one for the copy for those parked before. With
 ``copy(..., hash=True)`` a handler that can hashes each piece while it copies (host_copy:
 the piece is still in cache) and returns the checksum; one that cannot returns None, and
 :meth:`Mover.land` hashes the tier after the copy, :meth:`Mover.restore` before it.
@@ -31,10 +37,16 @@ from agentpark.dma.base import Transfer
 from agentpark.engine.base import EngineAdapter
 from agentpark.enums import Medium, TierChoice
 from agentpark.errors import InvalidRequestError, TierFullError, TransferError
-from agentpark.integrity import checksum, fusable, matches
+from agentpark.integrity import block_digests, blocks_intact, checksum, fusable, matches
+from agentpark.kvkeys import DEFAULT_SEED, BlockHasher, HashAlgo
 from agentpark.tiers.base import BackendHeldTier, HostTier
+from agentpark.tiers.slots import Reservation
 
-__all__ = ["ArrayPool", "Endpoint", "EnginePool", "Mover", "copy_host_blocks"]
+__all__ = ["ArrayPool", "Endpoint", "EnginePool", "Expected", "Mover", "copy_host_blocks"]
+
+Expected = str | Sequence[str | None] | None
+"""What a parked copy must hash to: a digest per block (stored by content), one checksum
+of the whole copy (parked before keys), or nothing (an unchecksummed tier)."""
 
 
 class Endpoint(Protocol):
@@ -99,8 +111,13 @@ class Mover:
         tiers: Sequence[HostTier],
         transfer: Transfer | None,
         checksum_tiers: frozenset[str],
+        *,
+        key_algo: HashAlgo = "sha256",
+        key_seed: str = DEFAULT_SEED,
     ) -> None:
         self.geometry = geometry
+        self._key_algo, self._key_seed = key_algo, key_seed
+        self.hasher = BlockHasher(geometry.block_size, key_algo, key_seed)
         # In auto order: the first with room takes a pause (dram, then shm, then disk).
         self.tiers: dict[str, HostTier] = {t.name: t for t in tiers}
         self.transfer = transfer
@@ -119,6 +136,7 @@ class Mover:
         """An engine with a new layout: copies go between its pool and these tiers now."""
         self.geometry = geometry
         self.tiers = {t.name: t for t in tiers}
+        self.hasher = BlockHasher(geometry.block_size, self._key_algo, self._key_seed)
 
     # ---- which tier ---------------------------------------------------------------------
 
@@ -139,18 +157,20 @@ class Mover:
         return [tier]
 
     def reserve(
-        self, owner: Hashable, candidates: Sequence[HostTier], n: int
-    ) -> tuple[HostTier, list[int]]:
-        """Slots for ``n`` blocks in the first candidate with room, or one 507 naming all."""
+        self, owner: Hashable, candidates: Sequence[HostTier], keys: Sequence[Hashable | None]
+    ) -> tuple[HostTier, Reservation]:
+        """A slot per block (``keys``: each block's key, None for a private block) in the
+        first candidate with room for the blocks it lacks, or one 507 naming all."""
         failures: dict[str, Any] = {}
         for tier in candidates:
             try:
-                return tier, tier.allocate(owner, n)
+                return tier, tier.reserve(owner, keys)
             except TierFullError as exc:
                 failures[tier.name] = {
                     "free_blocks": exc.details["free_blocks"],
                     "capacity_blocks": exc.details["capacity_blocks"],
                 }
+        n = len(keys)
         block = self.geometry.block_nbytes
         names = ", ".join(failures) or "none enabled"
         raise TierFullError(
@@ -221,7 +241,7 @@ class Mover:
         parked_slots: Sequence[int],
         dst: Endpoint,
         ids: Sequence[int],
-        expected: str | None,
+        expected: Expected,
     ) -> bool:
         """Copy ``slots`` of ``tier`` (a prefix of ``parked_slots``) into ``ids`` of ``dst``.
 
@@ -231,6 +251,11 @@ class Mover:
         parked under the old checksum, is verified first and not copied if damaged.
         """
         if expected is None or not self.checksummed(tier):
+            self.copy(tier, slots, dst, ids)
+            return True
+        if not isinstance(expected, str):  # a digest per block: each verified, then copied
+            if not blocks_intact(tier, slots, list(expected)[: len(slots)]):
+                return False
             self.copy(tier, slots, dst, ids)
             return True
         if len(slots) != len(parked_slots) or not fusable(expected):
@@ -243,21 +268,30 @@ class Mover:
             got = checksum(tier, slots)
         return got == expected
 
-    def same_copy(
-        self, tier: HostTier, slots: Sequence[int], digest: str | None, expected: str | None
-    ) -> bool:
-        """Whether a copy just landed (checksum ``digest``) holds the bytes of ``expected``."""
-        if digest is None or expected is None:
-            return True
-        if fusable(expected):
-            return digest == expected
-        return matches(tier, slots, expected)  # parked under the old checksum
-
-    def intact(self, tier: HostTier, slots: Sequence[int], expected: str | None) -> bool:
+    def intact(self, tier: HostTier, slots: Sequence[int], expected: Expected) -> bool:
         """Whether a parked copy still matches the checksum taken when it landed."""
         if expected is None or not self.checksummed(tier):
             return True
+        if not isinstance(expected, str):
+            return blocks_intact(tier, slots, list(expected))
         return matches(tier, slots, expected)
+
+    def block_digests(self, tier: HostTier, slots: Sequence[int]) -> list[str | None]:
+        """The digest of each slot's block, or None each where ``tier`` is not checksummed."""
+        if not self.checksummed(tier):
+            return [None] * len(slots)
+        return list(block_digests(tier, slots))
+
+    def fill(
+        self, src: Endpoint, src_ids: Sequence[int], dst: HostTier, res: Reservation
+    ) -> dict[int, str | None]:
+        """Copy the blocks ``res`` lacks (``src_ids[i]`` into ``res.slots[i]`` for its
+        fresh ``i``), make them durable; their digests by slot, for :meth:`HostTier.seal`."""
+        pos = res.to_copy
+        slots = [res.slots[i] for i in pos]
+        self.copy(src, [src_ids[i] for i in pos], dst, slots)
+        dst.flush()
+        return dict(zip(slots, self.block_digests(dst, slots), strict=True))
 
     def measured(self, nbytes: int, elapsed_ms: float) -> None:
         if nbytes > 0 and elapsed_ms > 0:

@@ -13,6 +13,7 @@ from agentpark.errors import (
     TransferError,
 )
 from agentpark.parking.base import BACKGROUND_REASONS, INLINE_BYTES, CoreBase
+from agentpark.parking.handles import copy_checksum, parked_handle
 from agentpark.parking.registry import LiveSession
 from agentpark.parking.types import (
     MoveResult,
@@ -170,15 +171,21 @@ class Pausing(CoreBase):
             return MoveResult(row, src.name, 0.0)
         started = time.perf_counter()
         others = [t for t in candidates if t is not src]
-        dst, slots = self.mover.reserve(live.key, others, len(live.slots))
+        keys = live.keys or [None] * len(live.slots)
+        dst, res = self.mover.reserve(live.key, others, keys)
         try:
-            fused = self.mover.copy(src, live.slots, dst, slots, hash=self.mover.checksummed(dst))
-            digest = self.mover.land(dst, slots, fused)
+            digests = self.mover.fill(src, live.slots, dst, res)
         except Exception as exc:
             dst.free(live.key)
             self.events.failure(row, EventKind.MOVE_FAILED, exc, at=time.time(), to_tier=dst.name)
             raise as_transfer_error("move", exc) from exc
-        if not self.mover.same_copy(dst, slots, digest, row.checksum):
+        per_block = [
+            digests.get(slot) if new else dst.digest_of(slot)
+            for slot, new in zip(res.slots, res.fresh, strict=True)
+        ]
+        if not _same_copy(live.expected, per_block, res.fresh) or not self.mover.intact(
+            src, live.slots, live.expected if isinstance(live.expected, str) else None
+        ):
             # The copy we moved from was already damaged: do not keep a bad copy.
             dst.free(live.key)
             self.transitions.lose_corrupt(live, src.name)
@@ -197,16 +204,32 @@ class Pausing(CoreBase):
             from_tier=src.name,
             to_tier=dst.name,
             reason=reason,
-            nbytes=row.kv_bytes,
+            nbytes=len(digests) * self.geometry.block_nbytes,
             duration_ms=elapsed_ms,
         )
-        row.tier, row.parked_handle, row.tier_since = dst.name, {"slots": slots}, now
-        row.checksum = digest or row.checksum
+        row.tier, row.tier_since = dst.name, now
+        row.parked_handle = parked_handle(res.slots, keys, per_block)
+        row.checksum = copy_checksum(per_block) or row.checksum
         try:
             self.transitions.commit(live, event)
         except StorageUnavailableError:  # the row names the old copy again: keep it
             dst.free(live.key)
             raise
+        dst.seal(live.key, digests)
         src.free(live.key)
-        live.slots = slots
+        live.slots, live.digests = res.slots, per_block
         return MoveResult(row, src.name, elapsed_ms)
+
+
+def _same_copy(
+    expected: str | list[str | None] | None, got: list[str | None], fresh: list[bool]
+) -> bool:
+    """Whether the blocks copied in a move hash as they did when they were parked
+    (per-block digests; a copy parked before keys is checked whole at its source)."""
+    if not isinstance(expected, list):
+        return True
+    return all(
+        e is None or g is None or e == g
+        for e, g, new in zip(expected, got, fresh, strict=True)
+        if new
+    )

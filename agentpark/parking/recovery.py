@@ -14,6 +14,7 @@ import numpy as np
 
 from agentpark.enums import Reason, State
 from agentpark.parking.core import SessionCore
+from agentpark.parking.handles import handle_digests, handle_keys, handle_slots
 from agentpark.parking.registry import LiveSession
 from agentpark.tiers.capabilities import Reattaching
 
@@ -59,14 +60,18 @@ def _lost_reason(core: SessionCore, live: LiveSession) -> str | None:
         return f"{tier.name} tier file refused at start: {tier.attach_problem}"
     if not tier.reattached:
         return f"the {tier.name} tier file was gone at start (reboot or cleanup)"
-    slots = list((row.parked_handle or {}).get("slots", []))
-    if len(slots) != row.kv_blocks:
+    slots = handle_slots(row)
+    keys, digests = handle_keys(row), handle_digests(row)
+    if len(slots) != row.kv_blocks or len(keys) != len(slots):
         return f"parked copy index is inconsistent ({len(slots)} slots, {row.kv_blocks} blocks)"
+    if digests is not None and len(digests) != len(slots):
+        return f"parked copy index is inconsistent ({len(digests)} digests, {len(slots)} slots)"
     try:
-        tier.claim(live.key, slots)
+        # A block several sessions share is claimed by each (same slot, same key).
+        tier.claim(live.key, slots, keys, digests)
     except ValueError as exc:
         return f"cannot re-attach its {tier.name} slots: {exc}"
-    live.slots = slots
+    live.slots, live.keys, live.digests = slots, keys, digests
     return None
 
 

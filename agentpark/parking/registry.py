@@ -19,7 +19,7 @@ caller gets:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -27,7 +27,9 @@ import numpy as np
 
 from agentpark.enums import State
 from agentpark.errors import InvalidStateError, SessionBusyError, SessionNotFoundError
+from agentpark.kvkeys import Lora
 from agentpark.store.models import SessionRow
+from agentpark.tiers.slots import Reservation
 
 __all__ = ["LiveSession", "Registry", "SessionKey"]
 
@@ -63,6 +65,21 @@ class LiveSession:
     slots: list[int] = field(default_factory=list)
     lock: SessionLock = field(default_factory=SessionLock)
     operation: str | None = None
+    # The parked copy by content (agentpark.tiers.slots): each slot's block key (None: a
+    # partial or pre-key block) and digest; ``digests`` None for a copy parked before keys
+    # (``row.checksum`` covers it whole).
+    keys: list[Hashable | None] = field(default_factory=list)
+    digests: list[str | None] | None = None
+    # What vLLM keys a block with besides its tokens (the request's cache_salt and LoRA).
+    cache_salt: str | None = None
+    lora: Lora | None = None
+    # A park in flight: the slots reserved, which are new (to copy) and which shared.
+    pending: Reservation | None = None
+
+    @property
+    def expected(self) -> str | list[str | None] | None:
+        """What the parked copy must hash to: a digest per block, or one for the copy."""
+        return self.digests if self.digests is not None else self.row.checksum
 
     @property
     def key(self) -> SessionKey:

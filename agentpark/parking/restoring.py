@@ -141,7 +141,7 @@ class Restoring(CoreBase):
             self.lose_copy(live, tier.name, gone)
             return False
         slots = live.slots[: len(blocks)]
-        if self.mover.restore(tier, slots, live.slots, self.endpoint(), blocks, row.checksum):
+        if self.mover.restore(tier, slots, live.slots, self.endpoint(), blocks, live.expected):
             return True
         self.transitions.lose_corrupt(live, tier.name)
         return False

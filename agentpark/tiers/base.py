@@ -7,14 +7,15 @@ buffer, one buffer per pool array, so a parked block keeps the pool's own layout
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Protocol
 
 import numpy as np
 
-from agentpark.blocks import BlockAllocator, PoolExhaustedError, PoolGeometry
+from agentpark.blocks import PoolExhaustedError, PoolGeometry
 from agentpark.enums import Medium
 from agentpark.errors import TierFullError
+from agentpark.tiers.slots import Reservation, SlotStore
 
 __all__ = ["BackendHeldTier", "HostTier", "SlotTier"]
 
@@ -37,11 +38,32 @@ class HostTier(Protocol):
 
     def buffers(self) -> list[np.ndarray]: ...
 
+    @property
+    def cached_blocks(self) -> int: ...
+
+    def reserve(self, owner: Hashable, keys: Sequence[Hashable | None]) -> Reservation: ...
+
     def allocate(self, owner: Hashable, n: int) -> list[int]: ...
 
-    def free(self, owner: Hashable) -> list[int]: ...
+    def seal(self, owner: Hashable, digests: dict[int, str | None]) -> None: ...
 
-    def claim(self, owner: Hashable, slots: list[int]) -> None: ...
+    def hold(self, owner: Hashable, slots: Sequence[int]) -> None: ...
+
+    def find(self, keys: Sequence[Hashable]) -> list[int]: ...
+
+    def digest_of(self, slot: int) -> str | None: ...
+
+    def forget(self, slots: Sequence[int]) -> None: ...
+
+    def free(self, owner: Hashable, *, cache: bool = False) -> list[int]: ...
+
+    def claim(
+        self,
+        owner: Hashable,
+        slots: list[int],
+        keys: Sequence[Hashable | None] | None = None,
+        digests: Sequence[str | None] | None = None,
+    ) -> None: ...
 
     def flush(self) -> None: ...
 
@@ -49,7 +71,8 @@ class HostTier(Protocol):
 
 
 class SlotTier:
-    """Slot bookkeeping shared by every tier: a free list over ``capacity_blocks`` slots."""
+    """Slot bookkeeping shared by every tier: a store of blocks addressed by content
+    (agentpark.tiers.slots) over ``capacity_blocks`` slots."""
 
     name = "tier"
     persistent = False
@@ -58,8 +81,8 @@ class SlotTier:
     def __init__(self, geometry: PoolGeometry, capacity_blocks: int) -> None:
         self.geometry = geometry
         self._capacity_blocks = capacity_blocks
-        # BlockAllocator needs at least one slot; a zero-capacity tier refuses every pause.
-        self._slots = BlockAllocator(capacity_blocks) if capacity_blocks else None
+        # A zero-capacity tier refuses every pause.
+        self._slots = SlotStore(capacity_blocks) if capacity_blocks else None
 
     @property
     def capacity_blocks(self) -> int:
@@ -67,7 +90,13 @@ class SlotTier:
 
     @property
     def used_blocks(self) -> int:
+        """Slots some session (or load) holds; cached blocks are room, not use."""
         return self._slots.num_used if self._slots else 0
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks no session holds, kept findable by key until their room is needed."""
+        return self._slots.num_cached if self._slots else 0
 
     @property
     def capacity_bytes(self) -> int:
@@ -77,16 +106,18 @@ class SlotTier:
     def used_bytes(self) -> int:
         return self.used_blocks * self.geometry.block_nbytes
 
-    def allocate(self, owner: Hashable, n: int) -> list[int]:
-        """Reserve ``n`` slots for ``owner``, all or none (TierFullError names the numbers)."""
-        if n == 0:
-            return []
+    def reserve(self, owner: Hashable, keys: Sequence[Hashable | None]) -> Reservation:
+        """A slot per block for ``owner``: shared where the tier holds that key, else fresh
+        (to be copied, then :meth:`seal` ed). All or none (TierFullError names the numbers)."""
+        if not keys:
+            return Reservation([], [], [])
         try:
             if self._slots is None:
-                raise PoolExhaustedError(n, 0, 0)
-            return self._slots.allocate(owner, n)
+                raise PoolExhaustedError(len(keys), 0, 0)
+            return self._slots.reserve(owner, keys)
         except PoolExhaustedError as exc:
             block = self.geometry.block_nbytes
+            n = exc.needed
             raise TierFullError(
                 f"{self.name} tier is full: needs {n} blocks ({n * block} bytes), "
                 f"{exc.free} of {exc.total} free",
@@ -96,16 +127,51 @@ class SlotTier:
                 capacity_blocks=exc.total,
             ) from None
 
-    def free(self, owner: Hashable) -> list[int]:
-        """Release every slot ``owner`` holds."""
-        return self._slots.free_all(owner) if self._slots else []
+    def allocate(self, owner: Hashable, n: int) -> list[int]:
+        """Reserve ``n`` fresh private slots for ``owner``, all or none."""
+        return self.reserve(owner, [None] * n).slots
 
-    def claim(self, owner: Hashable, slots: list[int]) -> None:
+    def seal(self, owner: Hashable, digests: dict[int, str | None]) -> None:
+        """``owner``'s fresh slots hold their committed copies (digest by slot)."""
+        if self._slots is not None:
+            self._slots.seal(owner, digests)
+
+    def hold(self, owner: Hashable, slots: Sequence[int]) -> None:
+        """Keep sealed slots for ``owner`` (a load reading them) until it frees them."""
+        if slots:
+            if self._slots is None:
+                raise ValueError(f"{self.name} tier has no slots")
+            self._slots.hold(owner, slots)
+
+    def find(self, keys: Sequence[Hashable]) -> list[int]:
+        """Slots of the longest prefix of ``keys`` this tier holds."""
+        return self._slots.find(keys) if self._slots else []
+
+    def digest_of(self, slot: int) -> str | None:
+        return self._slots.digest(slot) if self._slots else None
+
+    def forget(self, slots: Sequence[int]) -> None:
+        """These slots' bytes failed their checksum: never share them again."""
+        if self._slots is not None:
+            self._slots.forget(slots)
+
+    def free(self, owner: Hashable, *, cache: bool = False) -> list[int]:
+        """Release every slot ``owner`` holds (a shared one stays for its other holders);
+        ``cache``: keep its blocks findable by content until their room is needed."""
+        return self._slots.release(owner, cache=cache) if self._slots else []
+
+    def claim(
+        self,
+        owner: Hashable,
+        slots: list[int],
+        keys: Sequence[Hashable | None] | None = None,
+        digests: Sequence[str | None] | None = None,
+    ) -> None:
         """Re-attach slots recorded in SQLite to their session (start-up only)."""
         if slots and self._slots is None:
             raise ValueError(f"{self.name} tier has no slots to claim")
         if self._slots is not None:
-            self._slots.claim(owner, slots)
+            self._slots.claim(owner, slots, keys, digests)
 
     def flush(self) -> None:
         """Make copies durable; only the disk tier has anything to do."""

@@ -57,6 +57,7 @@ from agentpark.tiers.header import (
     read_header,
     read_header_fd,
 )
+from agentpark.tiers.slots import Reservation
 
 __all__ = ["FORMAT_VERSION", "HEADER_BYTES", "MAGIC", "FileTier", "orphaned", "read_header"]
 
@@ -157,7 +158,8 @@ class FileTier(SlotTier):
         self._map_file(self._create())
         return aside
 
-    def allocate(self, owner: Hashable, n: int) -> list[int]:
+    def reserve(self, owner: Hashable, keys: Sequence[Hashable | None]) -> Reservation:
+        n = len(keys)
         if n and self.notice() is not None:
             raise TierFullError(
                 f"{self.name} tier is unavailable: {self.gone}",
@@ -166,7 +168,7 @@ class FileTier(SlotTier):
                 free_blocks=0,
                 capacity_blocks=self.capacity_blocks,
             )
-        return super().allocate(owner, n)
+        return super().reserve(owner, keys)
 
     def reopen(self) -> None:
         """Map a file at ``path`` again (a new one, or one that passes the checks of a

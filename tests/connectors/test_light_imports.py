@@ -33,7 +33,13 @@ HEAVY = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic")
 """Libraries of the daemon's HTTP side and store: never in vLLM's processes."""
 SHARED = ("agentpark", "agentpark.connectors", "agentpark.blocks", "agentpark.errors")
 """What any connector module may load of agentpark besides its own package."""
-POOL_FILE = ("agentpark.integrity", "agentpark.enums", "agentpark.tiers", "agentpark.tiers.base")
+POOL_FILE = (
+    "agentpark.integrity",
+    "agentpark.enums",
+    "agentpark.tiers",
+    "agentpark.tiers.base",
+    "agentpark.tiers.slots",
+)
 FILE_FORMAT = (
     "agentpark.tiers.filetier",
     "agentpark.tiers.header",

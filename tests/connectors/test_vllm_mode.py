@@ -79,7 +79,7 @@ def test_a_vllm_daemon_runs_its_policy_loop_and_demotes_pool_copies_to_disk(
             wait_s=10.0,
             store_id=plan["store_id"],
             ok=True,
-            checksum=worker.checksum(plan["slots"]),
+            digests=worker.digests(plan["slots"]),
         )
         assert done is not None and done["decision"] == "parked", done
 

@@ -137,7 +137,7 @@ def test_a_pool_copy_is_demoted_to_disk_and_promoted_back_bit_exact_on_the_next_
     tokens = list(range(1, 1 + 3 * BLOCK))
     started = time.time()
     _, rows = _park(daemon, worker, "a", tokens, seed=1)
-    parked_checksum = daemon.service.driver.core.get(TENANT, "a").checksum
+    parked_digests = (daemon.service.driver.core.get(TENANT, "a").parked_handle or {})["digests"]
     pool, disk = _tier(daemon, "shm"), _tier(daemon, "disk")
 
     assert daemon.policy.tick(started + DEMOTE_S / 2) == []  # not old enough yet
@@ -167,7 +167,7 @@ def test_a_pool_copy_is_demoted_to_disk_and_promoted_back_bit_exact_on_the_next_
     assert not set(load["slots"]) & set(other["slots"])
     for arr, parked in zip(worker.arrays, rows, strict=True):
         assert np.array_equal(arr[load["slots"]], parked)  # bit for bit what was parked
-    assert worker.checksum(load["parked_slots"]) == load["checksum"] == parked_checksum
+    assert worker.digests(load["slots"]) == load["digests"] == parked_digests
     done = daemon.call("load_done", load_id=load["load_id"], ok=True)
     assert done["restored_tokens"] == 3 * BLOCK and done["restored_from"] == "shm"
     moves = [
@@ -275,7 +275,7 @@ def test_a_copy_on_disk_survives_a_daemon_restart_and_is_promoted_after_it(
     assert load["ok"], load
     for arr, parked in zip(worker.arrays, rows, strict=True):
         assert np.array_equal(arr[load["slots"]], parked)
-    assert worker.checksum(load["parked_slots"]) == load["checksum"]
+    assert worker.digests(load["slots"]) == load["digests"]
 
 
 def test_another_layout_moves_the_disk_file_aside_and_its_sessions_are_lost(

@@ -25,7 +25,7 @@ from agentpark.connectors.scheduler import OffScheduler, SchedulerSide
 from agentpark.connectors.steps import LoadMeta, StepPlan, StoreMeta
 from agentpark.connectors.worker import OffWorker, WorkerSide
 from agentpark.enums import State
-from agentpark.integrity import matches
+from agentpark.integrity import blocks_intact
 from agentpark.tiers.base import HostTier
 from tests.connectors.conftest import TENANT, ControlDaemon
 from tests.control.test_control import BLOCK, LAYOUT, Worker, _View
@@ -64,17 +64,17 @@ class NumpyCopies(Copies):
         ]
         self.stores = 0
 
-    def store(self, store: StoreMeta) -> str | None:
+    def store(self, store: StoreMeta) -> list[str] | None:
         self.stores += 1
         for src, dst in zip(self.kv, self.pool.arrays, strict=True):
             dst[store.slots] = src[store.block_ids]
-        return self.pool.checksum(store.slots) if store.checksum else None
+        return self.pool.digests(store.slots) if store.checksum else None
 
     def load(self, load: LoadMeta) -> None:
         view = _View(self.pool.geometry, [np.asarray(a) for a in self.pool.arrays])
         tier: HostTier = view  # type: ignore[assignment]  # integrity reads geometry, buffers
-        if load.checksum is not None and not matches(tier, load.parked_slots, load.checksum):
-            raise CopyRefused("the parked copy fails its checksum", "checksum")
+        if load.digests is not None and not blocks_intact(tier, load.slots, load.digests):
+            raise CopyRefused("a parked block fails its checksum", "checksum")
         for src, dst in zip(self.pool.arrays, self.kv, strict=True):
             dst[load.block_ids] = src[load.slots]
 
@@ -103,8 +103,10 @@ def _sides(daemon: ControlDaemon) -> tuple[SchedulerSide, WorkerSide, NumpyCopie
     return scheduler, worker, copies
 
 
-def _turn(request_id: str, session_id: str | None, blocks: int, extra: int = 1) -> Request:
-    tokens = list(range(1000, 1000 + blocks * BLOCK + extra))
+def _turn(
+    request_id: str, session_id: str | None, blocks: int, extra: int = 1, base: int = 1000
+) -> Request:
+    tokens = list(range(base, base + blocks * BLOCK + extra))
     params = None
     if session_id is not None:
         agentpark = {"session_id": session_id, "tool": "search", "expected_resume_s": 60.0}
@@ -128,8 +130,9 @@ def test_after_many_requests_nothing_is_left_on_either_side(control_daemon: Cont
     scheduler, worker, copies = _sides(daemon)
     n = 24
     for i in range(n):
-        parked = _turn(f"p{i}", f"agent-{i}", blocks=2)
-        plain = _turn(f"x{i}", None, blocks=1)
+        # Each agent its own tokens: one agent's parked blocks are no other's by content.
+        parked = _turn(f"p{i}", f"agent-{i}", blocks=2, base=1000 + 100 * i)
+        plain = _turn(f"x{i}", None, blocks=1, base=50_000 + 100 * i)
         for request in (parked, plain):
             assert scheduler.get_num_new_matched_tokens(request, 0) == (0, False)
         keep, answer = scheduler.request_finished(parked, [2 * i, 2 * i + 1, 60])

@@ -39,9 +39,9 @@ def _prepare(conn: Raw, session_id: str, tokens: list[int] = TOKENS) -> dict[str
 
 def _complete(conn: Raw, worker: Worker, plan: dict[str, Any]) -> dict[str, Any]:
     worker.write(plan["slots"], seed=plan["store_id"])
-    digest = worker.checksum(plan["slots"])
+    digests = worker.digests(plan["slots"])
     frame = {"op": "complete_store", "store_id": plan["store_id"], "ok": True}
-    return conn.send({**frame, "checksum": digest})
+    return conn.send({**frame, "digests": digests})
 
 
 def _begin_load(conn: Raw, session_id: str) -> dict[str, Any]:
@@ -135,16 +135,16 @@ def test_a_plan_is_finished_only_on_the_connection_that_made_it(
     worker.write(plan["slots"], seed=9)
     before = state(daemon)
     frame = {"op": "complete_store", "store_id": plan["store_id"], "ok": True}
-    no_digest = other.send({**frame, "checksum": None})
+    no_digest = other.send({**frame, "digests": None})
     assert no_digest["cause"] == "bad_request" and state(daemon) == before
-    digest = worker.checksum(plan["slots"])
-    taken = other.send({**frame, "checksum": digest})
+    digest = worker.digests(plan["slots"])
+    taken = other.send({**frame, "digests": digest})
     assert taken["ok"] is False and taken["cause"] == "not_found", taken
     failed = other.send({**frame, "ok": False})
     assert failed["cause"] == "not_found" and state(daemon) == before
-    assert owner.send({**frame, "checksum": digest})["decision"] == "parked"
+    assert owner.send({**frame, "digests": digest})["decision"] == "parked"
     row = daemon.service.driver.core.get("default", "s")
-    assert row.state == State.PARKED and row.checksum == digest
+    assert row.state == State.PARKED and (row.parked_handle or {})["digests"] == digest
 
     load = _begin_load(owner, "s")
     assert load["ok"], load
@@ -169,7 +169,7 @@ def test_the_connections_of_one_engine_share_their_plans(
     plan = _prepare(scheduler, "s")
     worker.write(plan["slots"], seed=2)
     frame = {"op": "complete_store", "store_id": plan["store_id"], "ok": True}
-    frame["checksum"] = worker.checksum(plan["slots"])
+    frame["digests"] = worker.digests(plan["slots"])
     assert elsewhere.send(frame)["cause"] == "not_found"
     # The scheduler's connection ends (a time-out): the worker still finishes the copy.
     server = daemon.service.server

@@ -21,7 +21,7 @@ from agentpark.connectors.client import ControlClient
 from agentpark.connectors.protocol import Layout, PoolFile, encode_tokens
 from agentpark.control.server import Connection
 from agentpark.enums import State
-from agentpark.integrity import checksum
+from agentpark.integrity import block_digests
 from agentpark.tiers.base import HostTier
 from tests.connectors.conftest import TENANT, ControlDaemon
 
@@ -74,10 +74,10 @@ class Worker:
             rows.append(data)
         return rows
 
-    def checksum(self, slots: list[int]) -> str:
+    def digests(self, slots: list[int]) -> list[str]:
         view = _View(self.geometry, [np.asarray(a) for a in self.arrays])
         tier: HostTier = view  # type: ignore[assignment]  # integrity reads geometry, buffers
-        return checksum(tier, slots)
+        return block_digests(tier, slots)
 
 
 Daemon = ControlDaemon
@@ -105,7 +105,7 @@ def _park(
         "complete_store",
         store_id=answer["store_id"],
         ok=True,
-        checksum=worker.checksum(answer["slots"]),
+        digests=worker.digests(answer["slots"]),
     )
     assert done["decision"] == "parked", done
     return answer, rows
@@ -146,8 +146,8 @@ def test_a_two_phase_park_then_a_load_restores_the_parked_bytes(daemon: Daemon) 
         block_ids=[7, 8, 9],
     )
     assert load["ok"], load
-    assert load["slots"] == store["slots"][1:] and load["parked_slots"] == store["slots"]
-    assert load["checksum"] == worker.checksum(store["slots"])
+    assert load["slots"] == store["slots"][1:]
+    assert load["digests"] == worker.digests(store["slots"])[1:]
     for arr, before in zip(worker.arrays, rows, strict=True):
         assert np.array_equal(arr[load["slots"]], before[1:])  # the bytes it parked
     assert daemon.service.driver.core.get(TENANT, "agent-1").state == State.RESUMING
@@ -156,7 +156,9 @@ def test_a_two_phase_park_then_a_load_restores_the_parked_bytes(daemon: Daemon) 
     core = daemon.service.driver.core
     assert core.get(TENANT, "agent-1").state == State.ACTIVE
     assert core.counters.prefill_tokens_avoided == 2 * BLOCK
+    # No session holds the blocks now; the pool keeps them by content until room is needed.
     assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
+    assert daemon.service.tier.cached_blocks == 3
     assert daemon.kinds("agent-1") == ["create", "turn", "pause", "resume", "tool_return"]
 
 
@@ -186,7 +188,7 @@ def test_a_copy_the_worker_reports_damaged_is_dropped_and_counted_as_recomputed(
     load = daemon.call(
         "begin_load", turn2, tenant=TENANT, session_id="s", start_block=0, block_ids=[3, 4]
     )
-    assert worker.checksum(load["parked_slots"]) != load["checksum"]  # what the worker sees
+    assert worker.digests(load["slots"]) != load["digests"]  # what the worker sees
     done = daemon.call("load_done", load_id=load["load_id"], ok=False, cause="checksum")
     assert done["restored_tokens"] == 0
     kinds = daemon.kinds("s")
@@ -220,7 +222,7 @@ def test_a_store_the_engine_never_finishes_is_failed_and_its_slots_freed(
     row = daemon.service.driver.core.get(TENANT, "s")
     assert row.state == State.ACTIVE and "pause_failed" in daemon.kinds("s")
     assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
-    late = daemon.call("complete_store", store_id=answer["store_id"], ok=True, checksum="xxh3:0")
+    late = daemon.call("complete_store", store_id=answer["store_id"], ok=True, digests=["xxh3b:0"])
     assert late["decision"] == "not_parked"  # too late: not parked
 
 
@@ -240,7 +242,7 @@ def test_parked_sessions_survive_a_daemon_restart_and_load_after_it(daemon: Daem
     load = daemon.call(
         "begin_load", turn2, tenant=TENANT, session_id="s", start_block=0, block_ids=[1, 2]
     )
-    assert load["slots"] == store["slots"] and load["checksum"] == worker.checksum(load["slots"])
+    assert load["slots"] == store["slots"] and load["digests"] == worker.digests(load["slots"])
 
 
 def test_another_layout_refuses_the_old_pool_and_its_sessions_are_lost(daemon: Daemon) -> None:

@@ -36,9 +36,10 @@ def _register(daemon: ControlDaemon, held: Held = HELD, layout: Layout = LAYOUT)
 def _park(daemon: ControlDaemon, session_id: str, tokens: list[int]) -> dict[str, Any]:
     blocks = list(range(30, 30 + len(tokens) // BLOCK))
     plan = daemon.plan_park(session_id, tokens, blocks)
-    # A worker that sent a checksum anyway: a held pool never records one.
+    # A worker that sent digests anyway: a held pool never records one.
+    digests = ["xxh3b:00"] * len(plan["slots"])
     done = daemon.call(
-        "complete_store", store_id=plan["store_id"], ok=True, checksum="xxh3p:00", detail=None
+        "complete_store", store_id=plan["store_id"], ok=True, digests=digests, detail=None
     )
     assert done["decision"] == "parked", done
     return plan
@@ -79,7 +80,7 @@ def test_a_parked_copy_in_a_held_pool_claims_no_checksum_and_loads_by_its_slots(
     load = daemon.call(
         "begin_load", turn2, tenant=TENANT, session_id="agent-1", start_block=0, block_ids=[1, 2, 3]
     )
-    assert load["ok"] and load["checksum"] is None and load["slots"] == plan["slots"]
+    assert load["ok"] and load["digests"] == [None] * 3 and load["slots"] == plan["slots"]
     done = daemon.call("load_done", load_id=load["load_id"], ok=True)
     assert done["restored_tokens"] == 3 * BLOCK and done["restored_from"] == "shm"
 

@@ -30,10 +30,21 @@ PARKED = list(range(1, 3 * BLOCK + 1))  # session "p": three whole blocks, parke
 INT = ["1", 1.5, NAN, INF, -INF, 1e300, 10**30, -1, True, None, [], {}]
 PLAN_ID = [*INT, 0, 2**60, MISSING]
 FLOAT = ["60", NAN, INF, -INF, 1e300, -1.0, 86_401, True, [], {}]
-SESSION = ["", "x" * 129, "t\ud800", "bad id!", 5, None, [], True, MISSING]
+SESSION = ["", "x" * 129, "t\ud800", "bad id!", 5, [], True]  # absent or null: unnamed
+SALT = ["", "x" * 257, "s\ud800", 5, [], True]
+LORA = [
+    {"name": "a"},
+    {"name": "", "path": "/p"},
+    {"name": "a", "path": "x" * 4097},
+    {"name": "a\ud800", "path": "/p"},
+    {"name": "a", "path": "/p", "zzz": 1},
+    "lora",
+    5,
+]
+KEYED = {("session_id",): SESSION, ("cache_salt",): SALT, ("lora",): LORA}
 TOOL = ["", "x" * 129, "t\ud800", "bad tool!", 5, []]
 BOOL = ["false", "true", 0, 1, 1.0, None, [], MISSING]
-CHECKSUM = ["", "x" * 200, "xxh3:\ud800", "nocolon", 5, []]
+DIGESTS = [["", "x"], ["x" * 200], ["xxh3b:\ud800"], ["nocolon"], [5], "xxh3b:00", 5, [[]]]
 DETAIL = ["x" * 5000, "d\ud800", 5, []]
 CAUSE = ["", "x" * 100, "c\ud800", "Bad Cause", 5, []]
 BLOCKS = [[v] for v in INT if v is not None] + ["1", 5, None, [0] * (MAX_BLOCKS + 1)]
@@ -107,12 +118,12 @@ def _start_store(ctx: Ctx) -> None:
 
 def _complete(ctx: Ctx) -> tuple[dict[str, Any], bytes]:
     assert ctx.store is not None
-    digest = ctx.worker.checksum(ctx.store["slots"])
+    digests = ctx.worker.digests(ctx.store["slots"])
     return {
         "op": "complete_store",
         "store_id": ctx.store["store_id"],
         "ok": True,
-        **{"checksum": digest},
+        "digests": digests,
     }, b""
 
 
@@ -140,7 +151,7 @@ TABLE: dict[str, Row] = {
             {"op": "match", "session_id": "p", "num_computed": 0},
             encode_tokens([*PARKED, 1]),
         ),
-        {("session_id",): SESSION, ("num_computed",): [*INT, MISSING]},
+        {**KEYED, ("num_computed",): [*INT, MISSING]},
     ),
     "begin_load": Row(
         lambda ctx: (
@@ -148,7 +159,7 @@ TABLE: dict[str, Row] = {
             encode_tokens([*PARKED, 1]),
         ),
         {
-            ("session_id",): SESSION,
+            **KEYED,
             ("start_block",): [*INT, MISSING],
             ("block_ids",): [*BLOCKS, [], MISSING],
         },
@@ -170,7 +181,7 @@ TABLE: dict[str, Row] = {
             encode_tokens(range(BLOCK)),
         ),
         {
-            ("session_id",): SESSION,
+            **KEYED,
             ("block_ids",): [*BLOCKS, [5, 6], MISSING],
             ("tool",): TOOL,
             ("expected_resume_s",): FLOAT,
@@ -181,7 +192,7 @@ TABLE: dict[str, Row] = {
         {
             ("store_id",): PLAN_ID,
             ("ok",): BOOL,
-            ("checksum",): [*CHECKSUM, None],  # None: the pool is checksummed
+            ("digests",): [*DIGESTS, None, MISSING],  # none: the pool is checksummed
             ("detail",): DETAIL,
         },
         _start_store,
@@ -218,9 +229,9 @@ def ctx(control_daemon: ControlDaemon) -> Any:
     )
     assert answer["ok"], answer
     worker.write(answer["slots"], seed=1)
-    digest = worker.checksum(answer["slots"])
+    digests = worker.digests(answer["slots"])
     frame = {"op": "complete_store", "store_id": answer["store_id"], "ok": True}
-    assert conn.send({**frame, "checksum": digest})["decision"] == "parked"
+    assert conn.send({**frame, "digests": digests})["decision"] == "parked"
     yield made
     conn.close()
 

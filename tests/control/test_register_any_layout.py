@@ -53,7 +53,7 @@ def _park(
     assert isinstance(slots, list)
     rows = worker.write(slots, seed=len(sid))
     done = daemon.call(
-        "complete_store", store_id=plan["store_id"], ok=True, checksum=worker.checksum(slots)
+        "complete_store", store_id=plan["store_id"], ok=True, digests=worker.digests(slots)
     )
     assert done["decision"] == "parked", done
     return plan, rows
@@ -70,7 +70,7 @@ def _load_is_bit_exact(
     assert load["ok"], load
     for arr, before in zip(worker.arrays, rows, strict=True):
         assert np.array_equal(arr[load["slots"]], before)
-    assert load["checksum"] == worker.checksum(load["slots"])
+    assert load["digests"] == worker.digests(load["slots"])
     done = daemon.call("load_done", load_id=load["load_id"], ok=True)
     assert done["restored_from"] == "shm", done
 

@@ -20,7 +20,7 @@ import pytest
 from agentpark.blocks import ArraySpec, BlockAllocator, PoolGeometry
 from agentpark.enums import Decision, Reason, RestoredFrom, State
 from agentpark.errors import InvalidStateError
-from agentpark.integrity import checksum
+from agentpark.integrity import block_digests
 from agentpark.parking import (
     ArrayPool,
     CoreOptions,
@@ -175,7 +175,11 @@ def test_lookup_stops_at_the_first_differing_token_and_leaves_one_to_compute(
     changed = [*tokens[:5], 999, *tokens[6:], 1]
     assert driver.lookup(TENANT, "s", changed) == 4  # differs in block 2
     assert driver.lookup(TENANT, "s", [5, *tokens]) == 0
-    assert driver.lookup(TENANT, "unknown", tokens) == 0
+    # Another session with the same tokens is given the blocks by content; never another
+    # tenant's, and never a request whose tokens differ in the first block.
+    assert driver.lookup(TENANT, "unknown", tokens) == 8
+    assert driver.lookup(TENANT, None, tokens) == 8
+    assert driver.lookup("other-tenant", "s", tokens) == 0
     assert driver.lookup("other-tenant", "s", tokens) == 0
 
 
@@ -279,15 +283,14 @@ def test_plans_are_plain_values_that_go_on_the_wire(host: Host) -> None:
     assert all(isinstance(v, int | str | bool | float | tuple) for v in vars(plan).values() if v)
     for dst, src in zip(host.tiers[1].buffers(), engine.arrays, strict=True):  # the engine
         dst[list(plan.slots)] = src[blocks]
-    digest = checksum(host.tiers[1], plan.slots)
-    assert driver.complete_store(plan.store_id, True, digest) is not None
+    assert wire["fresh"] == [True, True, True]  # nothing of it was in the tier
+    digests = block_digests(host.tiers[1], plan.slots)
+    assert driver.complete_store(plan.store_id, True, digests) is not None
     load = driver.prepare_load(TENANT, "s", [*tokens, 1], 1, blocks)
     assert isinstance(load, LoadPlan) and load.start_block == 1
     wire = json.loads(json.dumps(load.to_wire()))
-    assert wire["tier"] == "shm" and wire["slots"] == list(load.slots) == list(
-        load.parked_slots[1:]
-    )
-    assert wire["checksum"] == digest
+    assert wire["tier"] == "shm" and wire["slots"] == list(load.slots) == list(plan.slots[1:])
+    assert wire["digests"] == digests[1:]
     assert driver.complete_load(load.load_id, True).tokens == 8  # blocks 1 and 2
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from agentpark.enums import TierChoice
 from agentpark.errors import AgentparkError
+from agentpark.parking.external.lookup import NO_EXTRA, RequestKeys
 from agentpark.parking.external.manager import ExternalManager
 from agentpark.parking.external.plans import Restored
 from agentpark.parking.types import PauseResult
@@ -22,16 +23,17 @@ __all__ = ["park_turn", "restore_prefix"]
 def park_turn(
     manager: ExternalManager,
     tenant: str,
-    session_id: str,
+    session_id: str | None,
     tokens: Sequence[int],
     block_ids: Sequence[int],
     *,
     tool: str | None = None,
     expected_resume_s: float | None = None,
     tier: str = TierChoice.AUTO,
+    extra: RequestKeys = NO_EXTRA,
 ) -> PauseResult:
-    """A turn ended: keep it, or copy its blocks into a tier before returning (the engine
-    may free them afterwards). A failed copy is a NOT_PARKED result."""
+    """A turn ended: keep it, or copy the blocks the tier lacks before returning (the
+    engine may free them afterwards). A failed copy is a NOT_PARKED result."""
     core = manager.core
     source = core.endpoint()
     plan = manager.prepare_store(
@@ -42,18 +44,22 @@ def park_turn(
         tool=tool,
         expected_resume_s=expected_resume_s,
         tier=tier,
+        extra=extra,
     )
     if isinstance(plan, PauseResult):
         return plan
     dst = core.tiers[plan.tier]
+    pos = [i for i, new in enumerate(plan.fresh) if new]
+    slots = [plan.slots[i] for i in pos]
     try:
-        fused = core.mover.copy(source, block_ids, dst, plan.slots, hash=plan.checksum)
-        digest = core.mover.land(dst, plan.slots, fused)
+        core.mover.copy(source, [block_ids[i] for i in pos], dst, slots)
+        dst.flush()
+        digests = core.mover.block_digests(dst, slots)
     except Exception as exc:
         failed = manager.complete_store(plan.store_id, False, None, f"copy failed: {exc}")
         assert failed is not None
         return failed
-    done = manager.complete_store(plan.store_id, True, digest)
+    done = manager.complete_store(plan.store_id, True, digests if plan.checksum else None)
     assert done is not None  # the session is held by the plan until now
     return done
 
@@ -61,28 +67,30 @@ def park_turn(
 def restore_prefix(
     manager: ExternalManager,
     tenant: str,
-    session_id: str,
+    session_id: str | None,
     tokens: Sequence[int],
     block_ids: Sequence[int],
+    extra: RequestKeys = NO_EXTRA,
 ) -> Restored:
     """Load the parked prefix of ``tokens`` into ``block_ids`` (the engine's blocks).
 
-    Never raises for a copy that cannot be used: the answer then restores 0 tokens and
+    Never raises for blocks that cannot be used: the answer then restores 0 tokens and
     says why, and the engine computes the prefix itself.
     """
     core = manager.core
-    n = manager.lookup(tenant, session_id, tokens) // manager.geometry.block_size
+    bs = manager.geometry.block_size
+    n = manager.lookup(tenant, session_id, tokens, extra=extra) // bs
     if n == 0 or len(block_ids) < n:
         return Restored(0, None, "no whole block of the prefix is parked")
     try:
         source = core.endpoint()
-        plan = manager.prepare_load(tenant, session_id, tokens, 0, list(block_ids[:n]))
+        plan = manager.prepare_load(tenant, session_id, tokens, 0, list(block_ids[:n]), extra=extra)
     except AgentparkError as exc:
         return Restored(0, None, exc.message)
     tier = core.tiers[plan.tier]
     try:
         ok = core.mover.restore(
-            tier, plan.slots, plan.parked_slots, source, block_ids[:n], plan.checksum
+            tier, plan.slots, plan.slots, source, block_ids[:n], list(plan.digests)
         )
     except Exception as exc:
         return manager.complete_load(plan.load_id, False, f"copy failed: {exc}")

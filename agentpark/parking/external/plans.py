@@ -29,13 +29,16 @@ __all__ = [
 
 @dataclass(frozen=True)
 class StorePlan:
-    """A park the engine carries out: copy its blocks, in order, into ``slots`` of
-    ``tier``, then report with :meth:`ExternalManager.complete_store`."""
+    """A park the engine carries out: copy its blocks ``i`` with ``fresh[i]`` into
+    ``slots[i]`` of ``tier`` (the others are there already: the tier holds that content),
+    then report with :meth:`ExternalManager.complete_store`, with the digest of each block
+    it copied when ``checksum``."""
 
     store_id: int
     tier: str
     slots: tuple[int, ...]
-    checksum: bool  # whether the engine must send the checksum of the copy
+    fresh: tuple[bool, ...]
+    checksum: bool  # whether the engine must send the digest of each block it copied
     why: str
     expected_s: float | None
 
@@ -44,6 +47,7 @@ class StorePlan:
             "store_id": self.store_id,
             "tier": self.tier,
             "slots": list(self.slots),
+            "fresh": list(self.fresh),
             "checksum": self.checksum,
             "why": self.why,
         }
@@ -53,13 +57,12 @@ class StorePlan:
 class LoadPlan:
     """A load the engine carries out: parked blocks ``start_block ..`` from ``slots`` of
     ``tier`` into its own ``block_ids[start_block:]`` (it has ``..start_block`` itself);
-    ``checksum`` covers the whole parked copy, ``parked_slots``."""
+    ``digests[i]`` is what block ``slots[i]`` must hash to (None: not checksummed)."""
 
     load_id: int
     tier: str
     slots: tuple[int, ...]
-    parked_slots: tuple[int, ...]
-    checksum: str | None
+    digests: tuple[str | None, ...]
     start_block: int
 
     def to_wire(self) -> dict[str, Any]:
@@ -67,8 +70,7 @@ class LoadPlan:
             "load_id": self.load_id,
             "tier": self.tier,
             "slots": list(self.slots),
-            "parked_slots": list(self.parked_slots),
-            "checksum": self.checksum,
+            "digests": list(self.digests),
         }
 
 
@@ -113,7 +115,6 @@ class StoreInFlight:
     plan: StorePlan
     key: tuple[str, str]
     dst: HostTier
-    slots: list[int]
     tool: str | None
     pending: list[EventRow]  # the turn's, committed with the park's outcome
     owner: str | None = None  # who may complete it (a control connection); None: anyone
@@ -123,13 +124,14 @@ class StoreInFlight:
 
 @dataclass
 class LoadInFlight:
-    """The manager's side of a :class:`LoadPlan`."""
+    """The manager's side of a :class:`LoadPlan`; its slots are held by ``("load", id)``."""
 
     plan: LoadPlan
-    key: tuple[str, str]
+    key: tuple[str, str] | None  # the request's session; None: it has no name
     tier: HostTier
     block_ids: list[int]  # the engine's blocks of the request, 0 .. the last loaded one
     tokens: list[int]  # the request's tokens up to the end of the loaded blocks
     owner: str | None = None  # who may finish it (a control connection); None: anyone
+    own: bool = False  # the session's own parked copy (restored), else blocks by content
     started: float = field(default_factory=time.perf_counter)
     created: float = field(default_factory=time.monotonic)

@@ -65,6 +65,9 @@ class Endings(Steps):
     def lose_corrupt(self, live: LiveSession, tier_name: str) -> None:
         """The parked copy failed its checksum: a ``corrupt`` event, LOST, slots freed."""
         row = live.row
+        tier = self.mover.tiers.get(tier_name)
+        if tier is not None:  # its blocks are not what their keys say: never shared again
+            tier.forget(live.slots)
         why = f"checksum mismatch in the {tier_name} tier: parked copy is damaged"
         log.error("session %s/%s: %s; recomputing", row.tenant, row.session_id, why)
         self.lose(live, Reason.CHECKSUM, why, kind=EventKind.CORRUPT)
@@ -83,7 +86,7 @@ class Endings(Steps):
         stale = row.state == State.PARKED
         stale_tier = row.tier if stale else None
         if stale:
-            self.free_slots(live, row.tier)  # the engine computed this turn anyway
+            self.free_slots(live, row.tier, cache=True)  # the engine computed this turn anyway
             row.tier, row.parked_handle, row.checksum, row.tier_since = None, None, None, None
         elif row.state not in (State.ACTIVE, State.LOST):
             raise InvalidStateError(f"cannot end a turn in state {row.state}", state=row.state)

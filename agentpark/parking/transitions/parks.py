@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from agentpark.enums import EventKind, Reason, State
 from agentpark.errors import InvalidStateError, StorageUnavailableError
+from agentpark.parking.handles import copy_checksum, parked_handle
 from agentpark.parking.mover import Endpoint
 from agentpark.parking.registry import LiveSession
 from agentpark.parking.transitions.steps import Steps
@@ -21,17 +22,19 @@ class Parks(Steps):
     def begin_park(
         self, live: LiveSession, candidates: Sequence[HostTier]
     ) -> tuple[HostTier, list[int]]:
-        """ACTIVE -> PAUSING: slots for every block in the first candidate with room.
+        """ACTIVE -> PAUSING: a slot for every block in the first candidate with room for
+        those it lacks (``live.pending`` says which are new: only those are copied).
 
         TierFullError (507) naming every tier tried, with nothing changed.
         """
         row = live.row
         if row.state != State.ACTIVE:
             raise InvalidStateError(f"cannot pause in state {row.state}", state=row.state)
-        dst, slots = self.mover.reserve(live.key, candidates, len(live.block_table))
+        keys = self.block_keys(live, len(live.block_table))
+        dst, live.pending = self.mover.reserve(live.key, candidates, keys)
         row.state = State.PAUSING
         self.tally.update(row)
-        return dst, slots
+        return dst, live.pending.slots
 
     def abort_park(
         self,
@@ -44,7 +47,7 @@ class Parks(Steps):
         as a ``pause_failed`` event, ``prior`` (a turn's events) committed first."""
         row = live.row
         dst.free(live.key)
-        live.slots = []
+        live.slots, live.pending = [], None
         row.state = State.ACTIVE
         self.tally.update(row)
         if prior:
@@ -62,20 +65,18 @@ class Parks(Steps):
         expected_resume_s: float | None,
         reason: str,
     ) -> float:
-        """PAUSING -> PARKED: copy the blocks from ``source`` into ``slots``, then commit.
-
-        On a failed copy the park is aborted (ACTIVE, blocks untouched) and it raises.
-        Returns the milliseconds.
+        """PAUSING -> PARKED: copy the blocks ``dst`` lacks from ``source`` into their
+        slots, then commit. On a failed copy the park is aborted (ACTIVE, blocks
+        untouched) and it raises. Returns the milliseconds.
         """
         started = time.perf_counter()
-        blocks = list(live.block_table)
+        assert live.pending is not None and live.pending.slots == slots
         try:
-            fused = self.mover.copy(source, blocks, dst, slots, hash=self.mover.checksummed(dst))
-            digest = self.mover.land(dst, slots, fused)
+            digests = self.mover.fill(source, list(live.block_table), dst, live.pending)
         except Exception as exc:
             self.abort_park(live, dst, exc)
             raise as_transfer_error("pause", exc) from exc
-        return self.finish_park(live, dst, slots, digest, started, tool, expected_resume_s, reason)
+        return self.finish_park(live, dst, digests, started, tool, expected_resume_s, reason)
 
     def park(
         self,
@@ -94,26 +95,33 @@ class Parks(Steps):
         self,
         live: LiveSession,
         dst: HostTier,
-        slots: list[int],
-        digest: str | None,
+        digests: dict[int, str | None],
         started: float,
         tool: str | None,
         expected_resume_s: float | None,
         reason: str,
         prior: Sequence[EventRow] = (),
     ) -> float:
-        """PAUSING -> PARKED: the copy of every block is in ``slots`` of ``dst``.
+        """PAUSING -> PARKED: every new block is in its slot of ``dst`` (``digests``: of
+        those copied, by slot), the shared ones were there already.
 
         The pool's blocks are let go only once the commit is in; a refused commit frees
-        the slots and leaves the session ACTIVE with its blocks (and raises). ``prior``:
-        events not yet committed that go first in the same write (an external engine's
-        turn). Returns the milliseconds since ``started``.
+        the slots and leaves the session ACTIVE with its blocks (and raises). The new
+        blocks are shared (sealed) only after the commit. ``prior``: events not yet
+        committed that go first in the same write (an external engine's turn). Returns
+        the milliseconds since ``started``.
         """
-        row = live.row
+        row, res = live.row, live.pending
+        assert res is not None
         num_blocks = len(live.block_table)
         now = time.time()
         elapsed_ms = (time.perf_counter() - started) * 1e3
-        nbytes = num_blocks * self.host.geometry.block_nbytes
+        block = self.host.geometry.block_nbytes
+        copied = len(digests) * block
+        per_block = [
+            digests.get(slot) if new else dst.digest_of(slot)
+            for slot, new in zip(res.slots, res.fresh, strict=True)
+        ]
         event = self.events.event(
             row,
             EventKind.PAUSE,
@@ -122,11 +130,11 @@ class Parks(Steps):
             to_state=State.PARKED,
             to_tier=dst.name,
             reason=reason,
-            nbytes=nbytes,
+            nbytes=copied,
             duration_ms=elapsed_ms,
-            detail=f"tool={tool}" if tool else None,
+            detail=_pause_detail(tool, num_blocks, len(digests)),
         )
-        live.slots = slots
+        live.slots = res.slots
         row.state, row.tier, row.tier_since = State.PARKED, dst.name, now
         row.pause_count += 1
         if reason in (Reason.EXPLICIT, Reason.TURN_END) or row.tool is None:
@@ -134,16 +142,18 @@ class Parks(Steps):
             # tool (kept at first, parked later) keeps the wait's start and estimate.
             row.paused_at, row.tool = now, tool
             row.expected_resume_at = None if expected_resume_s is None else now + expected_resume_s
-        row.parked_handle = {"slots": slots}
-        row.checksum = digest
-        row.kv_blocks, row.kv_bytes = num_blocks, nbytes
+        row.parked_handle = parked_handle(res.slots, res.keys, per_block)
+        row.checksum = copy_checksum(per_block)
+        row.kv_blocks, row.kv_bytes = num_blocks, num_blocks * block
         try:
             self.commit(live, *prior, event)
         except StorageUnavailableError:  # the row is ACTIVE again; so is the rest
             dst.free(live.key)
-            live.slots = []
+            live.slots, live.pending = [], None
             raise
-        self.mover.measured(nbytes, elapsed_ms)
+        dst.seal(live.key, digests)
+        live.keys, live.digests, live.pending = list(res.keys), per_block, None
+        self.mover.measured(copied, elapsed_ms)
         self.release_blocks(live)  # only once the commit says the copy holds the KV
         return (time.perf_counter() - started) * 1e3
 
@@ -176,3 +186,11 @@ class Parks(Steps):
         row.paused_at, row.tool = now, tool
         row.expected_resume_at = None if expected_resume_s is None else now + expected_resume_s
         self.commit(live, *prior, event)
+
+
+def _pause_detail(tool: str | None, num_blocks: int, copied: int) -> str | None:
+    """A pause's detail: its tool, and how many of its blocks the tier held already."""
+    parts = [f"tool={tool}"] if tool else []
+    if copied < num_blocks:
+        parts.append(f"shared={num_blocks - copied}")
+    return " ".join(parts) or None

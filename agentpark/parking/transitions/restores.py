@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from agentpark.enums import EventKind, State
+from agentpark.enums import EventKind, Reason, State
 from agentpark.errors import InvalidStateError, StorageUnavailableError
 from agentpark.parking.registry import LiveSession
 from agentpark.parking.transitions.steps import Steps
@@ -97,5 +97,26 @@ class Restores(Steps):
             raise
         if not recomputed:  # only once the commit that stops referencing them is in
             self.mover.measured(event.bytes or 0, elapsed_ms)
-            self.free_slots(live, src_tier)
+            self.free_slots(live, src_tier, cache=True)
         return elapsed_ms
+
+    def restored_by_content(
+        self, live: LiveSession, tier_name: str, nbytes: int, started: float, tokens: int
+    ) -> None:
+        """Any -> the same: an external engine loaded parked blocks found by content (not
+        this session's own parked copy) into a request of this session: a ``resume``
+        event saying so, with no change of state (the turn's end records the rest)."""
+        row = live.row
+        event = self.events.event(
+            row,
+            EventKind.RESUME,
+            time.time(),
+            from_state=row.state,
+            to_state=row.state,
+            from_tier=tier_name,
+            reason=Reason.CONTENT,
+            nbytes=nbytes,
+            duration_ms=(time.perf_counter() - started) * 1e3,
+            detail=f"tokens={tokens} by content",
+        )
+        self.commit(live, event)

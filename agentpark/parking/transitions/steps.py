@@ -4,6 +4,7 @@ free slots and blocks, the tool's return. Each keeps the registry's tally in ste
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 
 import numpy as np
 
@@ -51,11 +52,29 @@ class Steps:
         self.events.failure(live.row, kind, exc, at=time.time(), **tiers)
         self.tally.update(live.row)
 
-    def free_slots(self, live: LiveSession, tier_name: str | None) -> None:
+    def free_slots(self, live: LiveSession, tier_name: str | None, *, cache: bool = False) -> None:
+        """Let go of the parked copy's slots (a block others share stays theirs).
+
+        ``cache``: the session has its KV back (restored, or recomputed a turn): its blocks
+        stay findable by content until their room is needed, so its next park copies only
+        what is new. A copy dropped (deleted, lost, expired) is freed outright.
+        """
         tier = self.mover.tiers.get(tier_name or "")
         if tier is not None:
-            tier.free(live.key)
-        live.slots = []
+            tier.free(live.key, cache=cache)
+        live.slots, live.keys, live.digests = [], [], None
+
+    def block_keys(self, live: LiveSession, num_blocks: int) -> list[Hashable | None]:
+        """The keys of the session's first ``num_blocks`` blocks, by content: vLLM's hash
+        chain of its tokens (with its cache salt and LoRA), namespaced by its tenant so no
+        block is shared across tenants. A partial block has no key (None): private."""
+        bs = self.mover.geometry.block_size
+        chain = self.mover.hasher.chain(
+            live.tokens[: num_blocks * bs], cache_salt=live.cache_salt, lora=live.lora
+        )
+        tenant = live.row.tenant
+        keys: list[Hashable | None] = [(tenant, k) for k in chain]
+        return keys + [None] * (num_blocks - len(keys))
 
     def release_blocks(self, live: LiveSession) -> None:
         if live.block_table:

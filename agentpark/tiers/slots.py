@@ -1,0 +1,274 @@
+"""A tier's slots as a store of blocks addressed by content, refcounted by their holders.
+
+A slot holds one block. A block with a key (agentpark.kvkeys, namespaced by the caller:
+e.g. ``(tenant, block_hash)``) is stored once: every holder that needs that key refers to
+the same slot, and the slot is let go when its last holder does. A block without a key
+(a partial last block, a copy parked before keys) is private to its one holder.
+
+A slot's life::
+
+    reserve (fresh: pending, for its owner to fill)
+      -> seal (its copy landed and committed: published under its key, with its digest)
+      -> held by 1..n owners (reserve of the same key, hold of a load)
+      -> cached (no owner left after a restore: still findable by key; the first to go
+         when room is needed), or free (no owner left after a drop)
+
+Only sealed blocks are shared or found, so nobody ever reads a block whose copy is not in.
+Thread-safe. Nothing here moves bytes or hashes them (the mover does).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict, deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from agentpark.blocks import PoolExhaustedError
+
+__all__ = ["Reservation", "SlotStore"]
+
+
+@dataclass
+class Reservation:
+    """What :meth:`SlotStore.reserve` gave an owner: a slot per block, and which are new."""
+
+    slots: list[int]
+    fresh: list[bool]
+    keys: list[Hashable | None] = field(default_factory=list)
+
+    @property
+    def to_copy(self) -> list[int]:
+        """Positions (block indices) whose bytes must be copied into their slot."""
+        return [i for i, new in enumerate(self.fresh) if new]
+
+
+class SlotStore:
+    """Slots ``0..capacity-1``: owners' references, keys of sealed blocks, an LRU of cached."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._free: deque[int] = deque(range(capacity))
+        self._refs: dict[int, Counter[Hashable]] = {}  # slot -> owners (with counts)
+        self._of: dict[Hashable, list[int]] = {}  # owner -> slots, block order
+        self._pending: dict[int, tuple[Hashable, Hashable | None]] = {}  # slot -> owner, key
+        self._key_of: dict[int, Hashable] = {}  # sealed slot -> key
+        self._slot_of: dict[Hashable, int] = {}  # key -> sealed slot
+        self._digest: dict[int, str | None] = {}  # sealed slot -> digest of its bytes
+        self._cached: OrderedDict[int, None] = OrderedDict()  # sealed, no owner; LRU first
+
+    # ---- figures ---------------------------------------------------------------------------
+
+    @property
+    def total(self) -> int:
+        return self._capacity
+
+    @property
+    def num_used(self) -> int:
+        """Slots some owner holds (a cached block is room: it goes when room is needed)."""
+        with self._lock:
+            return len(self._refs)
+
+    @property
+    def num_cached(self) -> int:
+        with self._lock:
+            return len(self._cached)
+
+    @property
+    def num_free(self) -> int:
+        with self._lock:
+            return len(self._free) + len(self._cached)
+
+    def owned(self, owner: Hashable) -> list[int]:
+        with self._lock:
+            return list(self._of.get(owner, []))
+
+    def digest(self, slot: int) -> str | None:
+        """The digest a sealed slot's bytes had when they landed (None: not checksummed)."""
+        with self._lock:
+            return self._digest.get(slot)
+
+    def find(self, keys: Sequence[Hashable]) -> list[int]:
+        """The slots of the longest prefix of ``keys`` sealed here."""
+        found: list[int] = []
+        with self._lock:
+            for key in keys:
+                slot = self._slot_of.get(key)
+                if slot is None:
+                    break
+                found.append(slot)
+        return found
+
+    # ---- owners -----------------------------------------------------------------------------
+
+    def reserve(self, owner: Hashable, keys: Sequence[Hashable | None]) -> Reservation:
+        """A slot per key for ``owner``: the sealed slot of a key already here (shared, not
+        copied), else a fresh one (pending until :meth:`seal`). All or nothing:
+        PoolExhaustedError when the fresh ones do not fit (cached blocks are evicted first,
+        oldest first, only when the whole reservation fits)."""
+        with self._lock:
+            shared = [self._slot_of.get(k) if k is not None else None for k in keys]
+            # A block this reservation shares is in use, so it is no room to evict.
+            needed = sum(1 for s in shared if s is None)
+            keep = {s for s in shared if s is not None}
+            room = len(self._free) + sum(1 for s in self._cached if s not in keep)
+            if needed > room:
+                raise PoolExhaustedError(needed, room, self._capacity)
+            slots: list[int] = []
+            fresh: list[bool] = []
+            for key, slot in zip(keys, shared, strict=True):
+                if slot is None:
+                    slot = self._take(keep)
+                    self._pending[slot] = (owner, key)
+                self._ref(owner, slot)
+                slots.append(slot)
+                fresh.append(slot not in self._key_of)
+            return Reservation(slots, fresh, list(keys))
+
+    def seal(self, owner: Hashable, digests: dict[int, str | None]) -> None:
+        """``owner``'s pending slots hold their copies now (``digests`` by slot): a keyed
+        one becomes findable, unless the same key was sealed meanwhile (it stays private)."""
+        with self._lock:
+            for slot in self._of.get(owner, []):
+                pending = self._pending.get(slot)
+                if pending is None or pending[0] != owner:
+                    continue
+                del self._pending[slot]
+                key = pending[1]
+                self._digest[slot] = digests.get(slot)
+                if key is not None and key not in self._slot_of:
+                    self._slot_of[key] = slot
+                    self._key_of[slot] = key
+
+    def hold(self, owner: Hashable, slots: Sequence[int]) -> None:
+        """Add ``owner``'s reference to sealed slots (a load reading them keeps them)."""
+        with self._lock:
+            bad = [s for s in slots if s not in self._digest or s in self._pending]
+            if bad:
+                raise ValueError(f"slots not sealed: {bad[:10]}")
+            for slot in slots:
+                self._ref(owner, slot)
+
+    def claim(
+        self,
+        owner: Hashable,
+        slots: Sequence[int],
+        keys: Sequence[Hashable | None] | None = None,
+        digests: Sequence[str | None] | None = None,
+    ) -> None:
+        """Re-attach slots recorded in SQLite (start-up): sealed, keyed as recorded. A slot
+        two owners recorded must have the same key in both; a key recorded for two slots
+        (two parks of the same block raced) keys the first, the other stays private. All
+        or nothing (ValueError)."""
+        keys = list(keys) if keys is not None else [None] * len(slots)
+        digests = list(digests) if digests is not None else [None] * len(slots)
+        if not len(keys) == len(digests) == len(slots):
+            raise ValueError("slots, keys and digests differ in length")
+        with self._lock:
+            if len(set(slots)) != len(slots):
+                raise ValueError(f"duplicate slots in claim: {list(slots)[:10]}")
+            for i, (slot, key) in enumerate(zip(slots, keys, strict=True)):
+                if not 0 <= slot < self._capacity:
+                    raise ValueError(f"slot {slot} out of range")
+                if key is not None and self._slot_of.get(key, slot) != slot:
+                    keys[i] = key = None
+                taken = slot in self._refs or slot in self._cached
+                if taken and (key is None or self._key_of.get(slot) != key):
+                    raise ValueError(f"slot {slot} is another copy's")
+            claimed = set(slots)
+            self._free = deque(s for s in self._free if s not in claimed)
+            for slot, key, digest in zip(slots, keys, digests, strict=True):
+                self._cached.pop(slot, None)
+                if slot not in self._refs:
+                    self._digest[slot] = digest
+                    if key is not None:
+                        self._slot_of[key] = slot
+                        self._key_of[slot] = key
+                self._ref(owner, slot)
+
+    def release(self, owner: Hashable, *, cache: bool = False) -> list[int]:
+        """Drop every reference of ``owner``; returns the slots that became free. With
+        ``cache``, a sealed keyed block with no owner left is cached instead (findable
+        until room is needed): for a copy whose session took it back, not one dropped."""
+        freed: list[int] = []
+        with self._lock:
+            for slot in self._of.pop(owner, []):
+                refs = self._refs[slot]
+                refs[owner] -= 1
+                if refs[owner] <= 0:
+                    del refs[owner]
+                if refs:
+                    continue
+                del self._refs[slot]
+                if self._pending.get(slot, (None,))[0] == owner:
+                    del self._pending[slot]
+                if cache and slot in self._key_of:
+                    self._cached[slot] = None
+                else:
+                    self._drop(slot)
+                    freed.append(slot)
+        return freed
+
+    def forget(self, slots: Sequence[int]) -> None:
+        """The bytes of these slots are no longer the block their key says (a failed
+        checksum): unkey them, so nobody else is given them (their holders keep them)."""
+        with self._lock:
+            for slot in slots:
+                key = self._key_of.pop(slot, None)
+                if key is not None:
+                    del self._slot_of[key]
+                if slot in self._cached:
+                    del self._cached[slot]
+                    self._drop(slot)
+
+    # ---- inside the lock ----------------------------------------------------------------------
+
+    def _ref(self, owner: Hashable, slot: int) -> None:
+        self._refs.setdefault(slot, Counter())[owner] += 1
+        self._of.setdefault(owner, []).append(slot)
+        self._cached.pop(slot, None)
+
+    def _take(self, keep: set[int]) -> int:
+        if self._free:
+            return self._free.popleft()
+        for slot in self._cached:
+            if slot not in keep:
+                del self._cached[slot]
+                self._unkey(slot)
+                self._digest.pop(slot, None)
+                return slot
+        raise AssertionError("no room although the reservation was checked")
+
+    def _unkey(self, slot: int) -> None:
+        key = self._key_of.pop(slot, None)
+        if key is not None:
+            del self._slot_of[key]
+
+    def _drop(self, slot: int) -> None:
+        self._unkey(slot)
+        self._digest.pop(slot, None)
+        self._free.append(slot)
+
+    def check_invariants(self) -> None:
+        """AssertionError when the bookkeeping disagrees with itself (tests)."""
+        with self._lock:
+            free = set(self._free)
+            used = set(self._refs)
+            cached = set(self._cached)
+            if len(free) != len(self._free):
+                raise AssertionError("a slot is twice in the free list")
+            if free & used or free & cached or used & cached:
+                raise AssertionError("a slot is in two of free, used and cached")
+            if len(free) + len(used) + len(cached) != self._capacity:
+                raise AssertionError("free + used + cached != capacity")
+            by_owner = Counter(s for slots in self._of.values() for s in slots)
+            if by_owner != Counter({s: sum(c.values()) for s, c in self._refs.items()}):
+                raise AssertionError("owners' slots disagree with the slots' references")
+            for key, slot in self._slot_of.items():
+                if self._key_of.get(slot) != key:
+                    raise AssertionError(f"key of slot {slot} disagrees")
+            if not cached <= set(self._key_of):
+                raise AssertionError("a cached slot has no key")
