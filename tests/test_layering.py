@@ -23,7 +23,10 @@ PACKAGE = Path(agentpark.__file__).resolve().parent
 # "agentpark" is the package's own __init__ only. A new module must be placed here.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     # Names and errors everything may use; no web framework, no wire model.
-    ("foundation", ("agentpark", "agentpark.enums", "agentpark.errors", "agentpark.blocks")),
+    (
+        "foundation",
+        ("agentpark", "agentpark.enums", "agentpark.errors", "agentpark.blocks", "agentpark.kvkeys"),
+    ),
     # Settings, the state dir, snapshots, counters, and the connector's wire protocol.
     (
         "values",
