@@ -53,6 +53,8 @@ __all__ = [
     "PrepareStoreRequest",
     "RegisterAnswer",
     "RegisterRequest",
+    "ReleaseAnswer",
+    "ReleaseRequest",
     "parse_request",
 ]
 
@@ -195,6 +197,13 @@ class CompleteStoreRequest(_Request):
     detail: str | None = Field(None, max_length=4096)
 
 
+class ReleaseRequest(_Request):
+    """The conversation is over (kv_hints ``agentpark.release``): delete the session."""
+
+    op: Literal["release"]
+    session_id: SessionId
+
+
 class DegradedRequest(_Request):
     op: Literal["degraded"]
     counts: dict[
@@ -260,6 +269,11 @@ class DegradedAnswer(_Answer):
     pass
 
 
+class ReleaseAnswer(_Answer):
+    released: bool  # False: the tenant has no such session (or it was deleted already)
+    why: str
+
+
 OPS: dict[str, tuple[type[_Request], type[_Answer]]] = {
     "hello": (HelloRequest, HelloAnswer),
     "register": (RegisterRequest, RegisterAnswer),
@@ -269,6 +283,7 @@ OPS: dict[str, tuple[type[_Request], type[_Answer]]] = {
     "prepare_store": (PrepareStoreRequest, PrepareStoreAnswer),
     "complete_store": (CompleteStoreRequest, CompleteStoreAnswer),
     "degraded": (DegradedRequest, DegradedAnswer),
+    "release": (ReleaseRequest, ReleaseAnswer),
 }
 """Every op: its request and answer. A new op is added here, or it is unknown."""
 
