@@ -221,7 +221,8 @@ class SchedulerSide:
             why = str(answer.get("error"))
             self.client.degraded(str(answer.get("cause", "refused")), f"release refused: {why}")
             return _answer("kept", why, record, taken)
-        return _answer("released", str(answer.get("why")), record, taken)
+        decision = "released" if answer.get("released") else "kept"
+        return _answer(decision, str(answer.get("why")), record, taken)
 
     def _park(
         self,
