@@ -214,6 +214,8 @@ class SchedulerSide:
     ) -> dict[str, Any]:
         """The conversation's last turn (``agentpark.release``): nothing parked, the
         session deleted at the daemon with whatever it had parked."""
+        if params.session_id is None:
+            return _answer("kept", "an anonymous request has no session to release", record, taken)
         answer = self.client.call("release", session_id=params.session_id)
         if answer is None:
             return _answer("kept", "the agentpark daemon did not answer", record, taken)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from agentpark.connectors.protocol import SessionParams
 from agentpark.connectors.scheduler import NO_SESSION, OffScheduler, SchedulerSide
 from agentpark.enums import State
 from tests.connectors.conftest import TENANT, ControlDaemon
@@ -185,3 +186,24 @@ def test_a_scheduler_with_agentpark_off_releases_nothing(control_daemon: Control
     _, answer = off.request_finished(_turn("r2", 2, session_id="kept", hints=release), [1, 2])
     assert answer is not None and answer["agentpark"]["why"] == "pipeline parallel"
     assert daemon.service.driver.core.get(TENANT, "kept").state == State.PARKED
+
+
+class _ServesAnonymous(SchedulerSide):
+    """The hook issue 19's item 3 turns: every request with no session is served."""
+
+    def _anonymous(self, request: Any, resolved: Any) -> SessionParams | None:
+        return SessionParams(None)
+
+
+def test_the_anonymous_hook_decides_a_request_with_no_session_and_release_skips_it(
+    control_daemon: ControlDaemon,
+) -> None:
+    client = _client(control_daemon)
+    scheduler = _ServesAnonymous(client, tenant=TENANT, block_size=BLOCK)
+    release = envelope(action("agentpark.release", {}))
+    _, answer = scheduler.request_finished(_turn("r1", 2, hints=release), [1, 2])
+    assert answer is not None and answer["agentpark"]["decision"] == "kept"
+    assert "anonymous" in answer["agentpark"]["why"]
+    plain = SchedulerSide(client, tenant=TENANT, block_size=BLOCK)
+    _, answer = plain.request_finished(_turn("r2", 2), [1, 2])
+    assert answer is not None and answer["agentpark"]["why"] == NO_SESSION
