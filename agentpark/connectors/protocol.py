@@ -29,6 +29,8 @@ begin_load         take the parked copy for a load: tier slots and checksum for 
 load_done          the worker loaded (or found the copy damaged): commit or drop it
 prepare_store      a turn ended: park (slots reserved for the worker) or keep, and why
 complete_store     the worker copied the blocks (with their checksum), or failed: commit
+release            the conversation is over (a kv_hints ``agentpark.release``): delete the
+                   session, its parked copy freed
 degraded           counts of requests a connector served without agentpark, by cause
 =================  ======================================================================
 """
@@ -41,7 +43,7 @@ import socket
 import struct
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -63,6 +65,7 @@ __all__ = [
     "parse_head",
     "parse_params",
     "read_frame",
+    "valid_session_id",
 ]
 
 PROTOCOL = 2  # 2: the first frame is hello with the connection's token
@@ -267,11 +270,22 @@ class Held:
         return held
 
 
+def valid_session_id(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a session id agentpark takes (1-128 letters, digits or ._:-),
+    wherever it came from (kv_transfer_params, vLLM's own ``session_id``)."""
+    return isinstance(value, str) and SESSION_ID_RE.fullmatch(value) is not None
+
+
 @dataclass(frozen=True)
 class SessionParams:
-    """The ``agentpark`` object of a request's ``kv_transfer_params``, validated."""
+    """A request's session as the connector serves it, validated.
 
-    session_id: str
+    ``session_id`` None is an anonymous request (no session named anywhere): the scheduler
+    side decides in one place (``SchedulerSide._anonymous``) whether such a request is
+    served; :func:`parse_params` never makes one.
+    """
+
+    session_id: str | None
     tool: str | None = None
     expected_resume_s: float | None = None
 
@@ -290,7 +304,7 @@ def parse_params(raw: object, tenant: str) -> SessionParams | str | None:
     if unknown:
         return f"kv_transfer_params.agentpark has unknown keys {unknown[:5]}"
     session_id = ours.get("session_id")
-    if not isinstance(session_id, str) or not SESSION_ID_RE.match(session_id):
+    if not valid_session_id(session_id):
         shown = repr(session_id)[:40] if isinstance(session_id, str) else type(session_id).__name__
         return (
             "kv_transfer_params.agentpark.session_id must be 1-128 letters, digits or ._:- "

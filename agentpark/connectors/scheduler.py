@@ -9,6 +9,10 @@
   copy for the load into the blocks vLLM allocated. Loads are synchronous (before the
   forward that needs them).
 
+A request's session is ``kv_transfer_params.agentpark.session_id``, else vLLM's own
+``request.session_id`` (the body's ``session_id``, ``X-Session-ID``, ``vllm_xargs``), else
+none (agentpark.connectors.hints, which also reads the ``agentpark.*`` actions of its
+``kv_hints``); a request with none is decided in one place, :meth:`SchedulerSide._anonymous`.
 A request's record lives from its first match to ``request_finished`` (vLLM calls it for
 every request it frees, aborted ones too). :class:`OffScheduler` is this side with
 agentpark off: it matches nothing and answers every turn "kept" with the reason.
@@ -22,16 +26,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentpark.connectors.client import ControlClient
-from agentpark.connectors.protocol import SessionParams, encode_tokens, parse_params
+from agentpark.connectors.hints import Resolved, resolve
+from agentpark.connectors.protocol import SessionParams, encode_tokens
 from agentpark.connectors.steps import LoadMeta, StepPlan, StoreMeta
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.request import Request
 
-__all__ = ["OffScheduler", "SchedulerSide"]
+__all__ = ["NO_SESSION", "OffScheduler", "SchedulerSide"]
 
 log = logging.getLogger("vllm.agentpark")
+
+NO_SESSION = (
+    "the request names no session (kv_transfer_params.agentpark.session_id, the "
+    "session_id body field or the X-Session-ID header): nothing parked"
+)
 
 
 @dataclass
@@ -45,16 +55,20 @@ class _Request:
     load_blocks: tuple[int, ...] = ()
 
 
-def _answer(decision: str, why: str, record: _Request | None) -> dict[str, Any]:
-    """What the response's ``kv_transfer_params`` says of the turn."""
-    return {
-        "agentpark": {
-            "decision": decision,
-            "why": why,
-            "restored_tokens": record.restored_tokens if record else 0,
-            "restored_from": record.restored_from if record else None,
-        }
+def _answer(
+    decision: str, why: str, record: _Request | None, hints: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """What the response's ``kv_transfer_params`` says of the turn (``hints``: the
+    agentpark kv_hints actions taken, when there were any)."""
+    ours: dict[str, Any] = {
+        "decision": decision,
+        "why": why,
+        "restored_tokens": record.restored_tokens if record else 0,
+        "restored_from": record.restored_from if record else None,
     }
+    if hints:
+        ours["hints"] = list(hints)
+    return {"agentpark": ours}
 
 
 class SchedulerSide:
@@ -78,11 +92,28 @@ class SchedulerSide:
         """Requests of a session seen and not finished yet."""
         return len(self._requests)
 
+    def _anonymous(self, request: Request, resolved: Resolved) -> SessionParams | None:
+        """The one place a request that names no session is decided: None is "not served"
+        (nothing matched or parked; its answer says so), as today.
+
+        Serving anonymous requests (issue 19's item 3: parked and matched by their token
+        prefix) is returning ``SessionParams(None, tool, expected_resume_s)`` here; every
+        later step then sends ``session_id`` None to the daemon, whose ops must take it.
+        """
+        return None
+
+    def _session(self, request: Request) -> tuple[Resolved, SessionParams | None]:
+        """The request's session (kv_transfer_params, vLLM's session_id, else anonymous)."""
+        resolved = resolve(request, self.session_tenant)
+        if resolved.refused is not None:
+            return resolved, None
+        return resolved, resolved.params or self._anonymous(request, resolved)
+
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        params = parse_params(request.kv_transfer_params, self.session_tenant)
-        if params is None or isinstance(params, str):
+        _, params = self._session(request)
+        if params is None:
             return 0, False
         record = self._requests.setdefault(request.request_id, _Request(params))
         record.num_computed = num_computed_tokens
@@ -156,15 +187,43 @@ class SchedulerSide:
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         record = self._requests.pop(request.request_id, None)
-        parsed = parse_params(request.kv_transfer_params, self.session_tenant)
-        if parsed is None:
-            return False, None
-        if isinstance(parsed, str):
+        resolved, params = self._session(request)
+        for cause, why in resolved.notes:  # once per request: vLLM finishes each once
+            self.client.degraded(cause, f"request {request.request_id}: {why}")
+        taken = resolved.hints.taken
+        if resolved.refused is not None:
             # The client's own mistake: said for every request (the counter once per cause).
-            log.info("agentpark: request %s not parked: %s", request.request_id, parsed)
-            self.client.degraded("bad_params", f"request {request.request_id}: {parsed}")
-            return False, _answer("refused", parsed, None)
-        return self._park(request, block_ids, parsed, record)
+            why = resolved.refused
+            log.info("agentpark: request %s not parked: %s", request.request_id, why)
+            self.client.degraded(
+                resolved.cause or "bad_params", f"request {request.request_id}: {why}"
+            )
+            return False, _answer("refused", why, None)
+        if params is None:
+            return False, _answer("kept", NO_SESSION, record, taken)
+        if resolved.hints.release:
+            return False, self._release(params, record, taken)
+        keep, answer = self._park(request, block_ids, params, record)
+        if answer is not None and taken:
+            answer["agentpark"]["hints"] = list(taken)
+        return keep, answer
+
+    def _release(
+        self, params: SessionParams, record: _Request | None, taken: tuple[str, ...]
+    ) -> dict[str, Any]:
+        """The conversation's last turn (``agentpark.release``): nothing parked, the
+        session deleted at the daemon with whatever it had parked."""
+        if params.session_id is None:
+            return _answer("kept", "an anonymous request has no session to release", record, taken)
+        answer = self.client.call("release", session_id=params.session_id)
+        if answer is None:
+            return _answer("kept", "the agentpark daemon did not answer", record, taken)
+        if not answer.get("ok"):
+            why = str(answer.get("error"))
+            self.client.degraded(str(answer.get("cause", "refused")), f"release refused: {why}")
+            return _answer("kept", why, record, taken)
+        decision = "released" if answer.get("released") else "kept"
+        return _answer(decision, str(answer.get("why")), record, taken)
 
     def _park(
         self,
@@ -237,3 +296,8 @@ class OffScheduler(SchedulerSide):
         record: _Request | None,
     ) -> tuple[bool, dict[str, Any] | None]:
         return False, _answer("kept", self.why, record)
+
+    def _release(
+        self, params: SessionParams, record: _Request | None, taken: tuple[str, ...]
+    ) -> dict[str, Any]:
+        return _answer("kept", self.why, record, taken)

@@ -44,6 +44,9 @@ class DegradedCause(StrEnum):
     LOAD_FAILED = "load_failed"
     ENGINE_NEVER_REPORTED = "engine_never_reported"
     CONNECTION_CLOSED = "connection_closed"
+    SESSION_ID_INVALID = "session_id_invalid"  # vLLM's request.session_id fails our rules
+    HINT_IGNORED = "hint_ignored"  # a kv_hints action not agentpark's, or with no session
+    HINT_INVALID = "hint_invalid"  # an agentpark kv_hints action refused: nothing parked
     OTHER = "other"
 
     @classmethod

@@ -46,15 +46,18 @@ from agentpark.control.ops import (
     PrepareStoreRequest,
     RegisterAnswer,
     RegisterRequest,
+    ReleaseAnswer,
+    ReleaseRequest,
     parse_request,
 )
 from agentpark.control.server import Connection, refusal
-from agentpark.enums import Decision, Tier
+from agentpark.enums import Decision, State, Tier
 from agentpark.errors import (
     AgentparkError,
     CapacityError,
     ConfigError,
     SessionBusyError,
+    SessionNotFoundError,
     UnauthenticatedError,
 )
 from agentpark.parking.external import StorePlan
@@ -84,6 +87,7 @@ class ControlOps:
             PrepareStoreRequest: self._prepare_store,
             CompleteStoreRequest: self._complete_store,
             DegradedRequest: self._degraded,
+            ReleaseRequest: self._release,
         }
 
     # ---- the server's callbacks -----------------------------------------------------------
@@ -293,3 +297,16 @@ class ControlOps:
         for cause, n in request.counts.items():
             self.service.count_degraded(cause, n, tenant=self._tenant(conn))
         return DegradedAnswer()
+
+    def _release(self, conn: Connection, request: ReleaseRequest, blob: bytes) -> ReleaseAnswer:
+        """The session core's delete (its parked copy freed), in the connection's tenant."""
+        assert conn.identity is not None
+        core = self.service.driver.core
+        try:
+            before = core.get(conn.identity.tenant, request.session_id).state
+            core.delete(conn.identity.tenant, request.session_id)
+        except SessionNotFoundError:
+            return ReleaseAnswer(released=False, why="no such session")
+        if before == State.DELETED:
+            return ReleaseAnswer(released=False, why="the session was released already")
+        return ReleaseAnswer(released=True, why=f"conversation over: deleted ({before})")

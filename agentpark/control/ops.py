@@ -55,6 +55,8 @@ __all__ = [
     "PrepareStoreRequest",
     "RegisterAnswer",
     "RegisterRequest",
+    "ReleaseAnswer",
+    "ReleaseRequest",
     "parse_request",
 ]
 
@@ -219,6 +221,13 @@ class CompleteStoreRequest(_Request):
     detail: str | None = Field(None, max_length=4096)
 
 
+class ReleaseRequest(_Request):
+    """The conversation is over (kv_hints ``agentpark.release``): delete the session."""
+
+    op: Literal["release"]
+    session_id: SessionId
+
+
 class DegradedRequest(_Request):
     op: Literal["degraded"]
     counts: dict[
@@ -284,6 +293,11 @@ class DegradedAnswer(_Answer):
     pass
 
 
+class ReleaseAnswer(_Answer):
+    released: bool  # False: the tenant has no such session (or it was deleted already)
+    why: str
+
+
 OPS: dict[str, tuple[type[_Request], type[_Answer]]] = {
     "hello": (HelloRequest, HelloAnswer),
     "register": (RegisterRequest, RegisterAnswer),
@@ -293,6 +307,7 @@ OPS: dict[str, tuple[type[_Request], type[_Answer]]] = {
     "prepare_store": (PrepareStoreRequest, PrepareStoreAnswer),
     "complete_store": (CompleteStoreRequest, CompleteStoreAnswer),
     "degraded": (DegradedRequest, DegradedAnswer),
+    "release": (ReleaseRequest, ReleaseAnswer),
 }
 """Every op: its request and answer. A new op is added here, or it is unknown."""
 

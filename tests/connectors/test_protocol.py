@@ -77,6 +77,7 @@ def test_good_params_parse(raw: object, expected: SessionParams | None) -> None:
         ({"agentpark": {"session_id": 5}}, "session_id"),
         ({"agentpark": {"session_id": "x" * 10_240}}, "session_id"),
         ({"agentpark": {"session_id": "bad id"}}, "session_id"),
+        ({"agentpark": {"session_id": "a\n"}}, "session_id"),  # `$` matches before a \n
         ({"agentpark": {"session_id": "a", "tenant": "other"}}, "another tenant"),
         ({"agentpark": {"session_id": "a", "expected_resume_s": "soon"}}, "number"),
         ({"agentpark": {"session_id": "a", "expected_resume_s": True}}, "number"),

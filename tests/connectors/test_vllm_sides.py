@@ -21,7 +21,7 @@ from agentpark.blocks import PoolGeometry
 from agentpark.connectors.client import ControlClient
 from agentpark.connectors.copies import Copies, CopyRefused, OffCopies
 from agentpark.connectors.protocol import Layout, PoolFile
-from agentpark.connectors.scheduler import OffScheduler, SchedulerSide
+from agentpark.connectors.scheduler import NO_SESSION, OffScheduler, SchedulerSide
 from agentpark.connectors.steps import LoadMeta, StepPlan, StoreMeta
 from agentpark.connectors.worker import OffWorker, WorkerSide
 from agentpark.enums import State
@@ -137,7 +137,9 @@ def test_after_many_requests_nothing_is_left_on_either_side(control_daemon: Cont
             assert scheduler.get_num_new_matched_tokens(request, 0) == (0, False)
         keep, answer = scheduler.request_finished(parked, [2 * i, 2 * i + 1, 60])
         assert keep and answer is not None and answer["agentpark"]["decision"] == "parked"
-        assert scheduler.request_finished(plain, [63]) == (False, None)
+        keep, said = scheduler.request_finished(plain, [63])
+        assert not keep and said is not None and said["agentpark"]["decision"] == "kept"
+        assert "names no session" in said["agentpark"]["why"]
         plan = scheduler.build_plan()
         assert _step(worker, plan, deferred=i % 2 == 1) == {f"p{i}"}
         assert copies.stores == i + 1  # each store copied once, whichever hook came first
@@ -231,16 +233,13 @@ def test_a_scheduler_with_agentpark_off_matches_nothing_and_says_why(
     assert scheduler.get_num_new_matched_tokens(request, 0) == (0, False)
     keep, answer = scheduler.request_finished(request, [1, 2, 3])
     assert not keep and scheduler.build_plan() == StepPlan()
-    if params is None:
-        assert answer is None
-    else:
-        assert answer is not None
-        assert answer["agentpark"] == {
-            "decision": "kept",
-            "why": "pipeline parallel",
-            "restored_tokens": 0,
-            "restored_from": None,
-        }
+    assert answer is not None
+    assert answer["agentpark"] == {
+        "decision": "kept",
+        "why": "pipeline parallel" if params is not None else NO_SESSION,
+        "restored_tokens": 0,
+        "restored_from": None,
+    }
     assert scheduler.requests_in_flight == 0
 
 

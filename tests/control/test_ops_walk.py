@@ -201,6 +201,10 @@ TABLE: dict[str, Row] = {
         lambda ctx: ({"op": "degraded", "counts": {"timeout": 1}}, b""),
         {("counts",): COUNTS},
     ),
+    "release": Row(
+        lambda ctx: ({"op": "release", "session_id": "p"}, b""),
+        {("session_id",): SESSION},
+    ),
 }
 
 

@@ -158,15 +158,20 @@ def run_turns(
     params: dict[str, Any] | None = None,
     history: list[dict[str, Any]] | None = None,
     max_tokens: int = 16,
+    extra_body: dict[str, Any] | None = None,
+    extra_headers: dict[str, str] | None = None,
 ) -> tuple[list[Turn], list[dict[str, Any]]]:
     """``turns`` turns of the agent; ``params``: its kv_transfer_params.agentpark (None:
-    a plain client). Returns the turns and the conversation so far (to go on from)."""
+    a plain client); ``extra_body``, ``extra_headers``: the SDK's, sent as they are.
+    Returns the turns and the conversation so far (to go on from)."""
     client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
     messages = list(history) if history is not None else messages_for(session_id)
     done: list[Turn] = []
     for _ in range(turns):
-        extra = {"kv_transfer_params": {"agentpark": params}} if params is not None else {}
+        extra = dict(extra_body or {})
+        if params is not None:
+            extra["kv_transfer_params"] = {"agentpark": params}
         response = client.chat.completions.create(
             model=model,
             messages=messages,  # type: ignore[arg-type]
@@ -174,6 +179,7 @@ def run_turns(
             temperature=0,
             logprobs=True,
             extra_body=extra,
+            extra_headers=extra_headers,
         )
         choice = response.choices[0]
         assert choice.logprobs is not None and choice.logprobs.content is not None
