@@ -136,9 +136,10 @@ class VllmService:
 
     # ---- registration (control/pool.py) ----------------------------------------------------
 
-    def register(self, layout: Layout) -> PoolFile:
-        """A worker's layout -> the pool file it maps (made or re-attached for it)."""
-        return self.pool.register(layout)
+    def register(self, layout: Layout, engine: str | None = None) -> PoolFile:
+        """A worker's layout -> the pool file it maps (made or re-attached for it);
+        ``engine`` registering again is not a restart of it (control/pool.py)."""
+        return self.pool.register(layout, engine)
 
     def register_held(self, layout: Layout, held: Held) -> dict[str, Any]:
         """A worker whose DMA backend holds the bytes: slot bookkeeping only, no file."""
