@@ -32,6 +32,7 @@ from agentpark.control.degraded import DegradedCounts, DegradedSink
 from agentpark.control.handlers import ControlOps
 from agentpark.control.pool import PoolManager, held_pool_id
 from agentpark.control.server import ControlServer, Limits, default_socket_path
+from agentpark.errors import StorageUnavailableError
 from agentpark.parking import CoreOptions, ExternalManager, external_core
 from agentpark.store.repository import SessionStore
 from agentpark.tiers.base import BackendHeldTier
@@ -105,6 +106,11 @@ class VllmService:
     # ---- life -----------------------------------------------------------------------------
 
     def start(self) -> None:
+        # The first turn must not pay the first commit (a connector gives up after 50 ms).
+        try:
+            self.driver.core.store.warm_up()
+        except StorageUnavailableError as exc:  # the first turn will say so; start anyway
+            log.warning("vllm: warming the database up failed: %s", exc.message)
         self.server.start()
         self._reaper.start()
 
