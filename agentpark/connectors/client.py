@@ -179,7 +179,8 @@ class ControlClient:
             sock.connect(path)
         except OSError as exc:
             sock.close()
-            return self._unreachable(path, exc)
+            self._unreachable(path, exc)
+            return None
         try:
             answer = self._hello(sock)
         except TimeoutError:  # connected: the daemon is there, and slow
@@ -188,7 +189,8 @@ class ControlClient:
             return None
         except (OSError, ProtocolError) as exc:
             sock.close()
-            return self._unreachable(path, exc)
+            self._unreachable(path, exc)
+            return None
         if not answer.get("ok"):
             sock.close()
             self._retry_at = time.monotonic() + _BACKOFF_S

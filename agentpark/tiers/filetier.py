@@ -56,6 +56,7 @@ from agentpark.tiers.header import (
     header_bytes,
     read_header,
     read_header_fd,
+    record_owner,
 )
 
 __all__ = ["FORMAT_VERSION", "HEADER_BYTES", "MAGIC", "FileTier", "orphaned", "read_header"]
@@ -86,9 +87,7 @@ class FileTier(SlotTier):
     ) -> None:
         """``fresh``: only make a new file at ``path`` (FileExistsError if anything is
         there); never re-attach or move aside (``register`` builds its new pool so).
-        ``sparse``: a new file is sized with ``ftruncate`` and mapped without populating
-        it, so making it costs no time and no memory; its pages are taken as slots are
-        first written (see :meth:`_reserve`)."""
+        ``sparse``: made and mapped without touching its pages (:meth:`_reserve`)."""
         super().__init__(geometry, capacity_bytes // geometry.block_nbytes)
         self.name = name
         self.path = path
@@ -282,6 +281,8 @@ class FileTier(SlotTier):
                 problem = self._mismatch(fd, st)
             if problem is None:
                 self.reattached = True
+                if self.owner is not None and record_owner(fd, self._fields(), self.header_bytes):
+                    log.info("%s tier: %s now names its owner %s", self.name, self.path, self.owner)
                 log.info("%s tier: re-attached %s", self.name, self.path)
                 return fd
             os.close(fd)
@@ -329,16 +330,10 @@ class FileTier(SlotTier):
         return fd
 
     def _reserve(self, fd: int) -> None:
-        """Give the new file its size: every byte reserved (``posix_fallocate``), or, for a
-        ``sparse`` file, only its length (``ftruncate``) once the filesystem is seen to
-        have room for all of it.
-
-        On tmpfs (/dev/shm) ``posix_fallocate`` allocates and clears every page: an 8 GiB
-        pool took 14.6 s and 8 GiB of RAM at once on a loaded 2-core machine (issue 21).
-        ``ftruncate`` takes microseconds and no memory; the pages come as slots are first
-        written, so the file holds what is parked and no more. The honest part is the room
-        check: a file that would not fit in the filesystem's free space now is refused.
-        """
+        """Every byte reserved (``posix_fallocate``), or for a ``sparse`` file its length
+        only (``ftruncate``), after checking the filesystem has room for all of it. On tmpfs
+        ``posix_fallocate`` allocates every page: 8 GiB took 14.6 s and 8 GiB of RAM at
+        once (issue 21); sparse, pages are taken as slots are first written."""
         what = f"tiers.{self.name}: cannot reserve {self.file_bytes} bytes at {self.path}"
         if self._sparse:
             room = os.statvfs(self.path.parent)
