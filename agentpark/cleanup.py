@@ -20,6 +20,10 @@ and the folders of configured tier paths. Each is put in one class:
   re-attaches. Removed only with ``--include-stopped`` (those sessions are then recomputed
   from their token logs).
 
+Each line names what the file is (the vLLM pool of a model, or a tier) and its owner, the
+state dir its header names: a daemon records itself there when it makes a file and when
+it re-attaches an older daemon's file that named no one.
+
 A file is removed while this process holds its ``flock``, so a daemon starting at that
 moment is refused the file instead of attaching a file that is going away.
 """
@@ -33,6 +37,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agentpark.statedir import LOCK_NAME
 from agentpark.tiers.aside import is_aside
@@ -122,27 +127,42 @@ def _state_dir_running(state_dir: Path) -> bool:
     return lock.exists() and _held(lock) is True
 
 
+def _what(header: dict[str, Any]) -> str:
+    """What the file holds, from its header: a vLLM pool (its model) or a tier's slots."""
+    model = str(header.get("model_uid", ""))
+    if model.startswith("vllm:"):
+        return f"the vLLM pool of {model.split(':')[1] or model}"
+    return f"a {header.get('tier', '?')} tier of {model or '?'}"
+
+
 def classify(path: Path) -> TierFile:
     size = path.stat().st_size
+    try:
+        header: dict[str, Any] | None = read_header(path)
+    except (ValueError, OSError) as exc:
+        header, unreadable = None, f"unreadable header ({exc}); owner unknown"
+    owner = None if header is None else header.get("state_dir")
+    what = "" if header is None else f"{_what(header)}, "
     held = _held(path)
     if held is None:
         return TierFile(path, size, IN_USE, "cannot open it to check its lock; left alone")
     if held:
-        return TierFile(path, size, IN_USE, "a live daemon holds its lock")
+        whose = f"its owner, the daemon of {owner}," if owner else "a live daemon"
+        return TierFile(path, size, IN_USE, f"{what}{whose} holds its lock")
     if is_aside(path):
         return TierFile(path, size, MOVED, "moved aside (refused, discarded or replaced)")
-    try:
-        owner = read_header(path).get("state_dir")
-    except (ValueError, OSError) as exc:
-        return TierFile(path, size, STOPPED, f"unreadable header ({exc}); owner unknown")
+    if header is None:
+        return TierFile(path, size, STOPPED, unreadable)
     if not owner:
         return TierFile(path, size, STOPPED, "no owner in its header (an older daemon's)")
     state_dir = Path(owner)
     if not state_dir.is_dir():
-        return TierFile(path, size, ORPHANED, f"state dir {state_dir} is gone")
+        return TierFile(path, size, ORPHANED, f"{what}state dir {state_dir} is gone")
     if _state_dir_running(state_dir):
-        return TierFile(path, size, OWNER_RUNNING, f"the daemon of {state_dir} runs without it")
-    return TierFile(path, size, STOPPED, f"no daemon runs on {state_dir}; a start re-attaches it")
+        why = f"{what}the daemon of {state_dir} runs without it"
+        return TierFile(path, size, OWNER_RUNNING, why)
+    why = f"{what}no daemon runs on {state_dir}; a start re-attaches it"
+    return TierFile(path, size, STOPPED, why)
 
 
 def find_tier_files(roots: Iterable[Path] = (), shm_root: Path = SHM_ROOT) -> list[TierFile]:

@@ -3,6 +3,7 @@ so other runs' files are never looked at) and on a real daemon's state dir."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,10 @@ from agentpark.config import Settings
 from agentpark.statedir import StateLock
 from agentpark.tiers.aside import move_aside, staging
 from agentpark.tiers.filetier import read_header
+from agentpark.tiers.header import HEADER_BYTES, encode_header
 from agentpark.tiers.shm import ShmTier
+from tests.connectors.conftest import ControlDaemon, control_daemon, control_service  # noqa: F401
+from tests.control.test_control import LAYOUT
 from tests.harness import InProcessApp
 
 GEOMETRY = PoolGeometry(num_blocks=8, block_size=4, arrays=(ArraySpec((4, 8), "float32"),))
@@ -184,3 +188,50 @@ def test_every_name_a_file_is_moved_aside_under_is_counted_as_moved_aside(
     found.update({f.path: f.kind for f in find_tier_files([shm_dir], shm_root=tmp_path)})
     assert found[aside] == found[older] == found[crashed] == MOVED
     assert found[live] == STOPPED
+
+
+def _classes(pool: Path) -> dict[Path, tuple[str, str]]:
+    return {f.path: (f.kind, f.why) for f in find_tier_files([pool.parent], shm_root=pool.parent)}
+
+
+def test_a_live_vllm_pool_file_is_named_with_its_model_and_its_owner(
+    control_daemon: ControlDaemon,  # noqa: F811
+) -> None:
+    """Issue 21 item 4: a live vLLM pool file was "no owner in its header"."""
+    answer = control_daemon.call("register", layout=LAYOUT.to_wire())
+    pool = Path(answer["pool"]["path"])
+    owner = control_daemon.settings.state_dir.resolve()
+    kind, why = _classes(pool)[pool]
+    assert kind == IN_USE
+    assert why == f"the vLLM pool of tiny, its owner, the daemon of {owner}, holds its lock"
+
+
+def test_an_older_daemons_pool_file_names_its_owner_once_a_daemon_re_attaches_it(
+    control_daemon: ControlDaemon,  # noqa: F811
+) -> None:
+    answer = control_daemon.call("register", layout=LAYOUT.to_wire())
+    pool = Path(answer["pool"]["path"])
+    owner = control_daemon.settings.state_dir.resolve()
+    control_daemon.restart()  # re-attached as it was: the pool id a worker knows is kept
+    fd = os.open(pool, os.O_RDWR)
+    try:  # what a daemon before the owner field wrote (the running daemon's lock aside)
+        old = read_header(pool)
+        del old["state_dir"], old["version"]
+        os.pwrite(fd, encode_header(old, HEADER_BYTES).ljust(HEADER_BYTES, b"\0"), 0)
+    finally:
+        os.close(fd)
+    control_daemon._stop()
+    assert _classes(pool)[pool] == (STOPPED, "no owner in its header (an older daemon's)")
+    control_daemon.service = control_service(control_daemon.settings, control_daemon.store)
+    control_daemon.service.start()
+    assert read_header(pool)["state_dir"] == str(owner)
+    assert read_header(pool)["created_at"] == old["created_at"]
+    again = control_daemon.call("register", layout=LAYOUT.to_wire())
+    assert again["pool"]["pool_id"] == answer["pool"]["pool_id"]
+    control_daemon._stop()
+    kind, why = _classes(pool)[pool]
+    assert kind == STOPPED and why == (
+        f"the vLLM pool of tiny, no daemon runs on {owner}; a start re-attaches it"
+    )
+    control_daemon.service = control_service(control_daemon.settings, control_daemon.store)
+    control_daemon.service.start()  # the fixture stops it

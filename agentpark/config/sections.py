@@ -186,8 +186,13 @@ class VllmSettings(_Section):
     """
 
     enabled: bool = Field(False, description="serve vLLM connectors (no reference engine)")
-    pool_capacity: ByteSize = Field(
-        ByteSize(1 << 30), ge=1 << 20, le=2**50, description="host pool (shm file) size"
+    pool_capacity: ByteSize | None = Field(
+        None,
+        ge=1 << 20,
+        le=2**50,
+        description="host pool (shm file) size; default 4x the engine's KV cache as its worker "
+        "registers it, at most half of MemAvailable, at least 64 MiB (agentpark.connectors."
+        "sizing)",
     )
     pool_path: Path | None = Field(
         None, description="default vllm-pool in a private /dev/shm folder (<state_dir>/shm-dir)"

@@ -1,10 +1,12 @@
 """The connector's side of the control protocol: one socket, bounded waits, never raises.
 
 Every call either returns the daemon's answer or None, and None means "go on as without
-agentpark": the daemon is down, slow (over ``timeout_s``), or refused. Each such cause is
-counted, logged once (then at debug level), and the counts are sent to the daemon the
-next time it answers, so its ``agentpark_vllm_degraded_total`` includes what happened
-while it was away.
+agentpark": the daemon is down (``daemon_unreachable``: no connection), slow (``slow``:
+connected, but no answer within ``timeout_s``, the scheduler's budget), or refused. Each
+such cause is counted, logged once with what was measured (then at debug level), kept in
+``last_miss`` for the turn's ``why``, and the counts are sent to the daemon the next time
+it answers, so its ``agentpark_vllm_degraded_total`` includes what happened while it was
+away.
 
 The socket is found once through ``GET {daemon_url}/v1/vllm`` (stdlib HTTP: this module
 loads inside vLLM's processes) and asked again only after the daemon stops answering.
@@ -68,6 +70,8 @@ class ControlClient:
         self.counts: collections.Counter[str] = collections.Counter()  # all since start
         self._unsent: collections.Counter[str] = collections.Counter()
         self._logged: set[str] = set()
+        # Why the last call got no answer (a turn that was not parked says it).
+        self.last_miss = "the agentpark daemon did not answer"
 
     # ---- degraded -------------------------------------------------------------------------
 
@@ -75,6 +79,7 @@ class ControlClient:
         """Count a request served without agentpark; log the first of each cause."""
         self.counts[cause] += 1
         self._unsent[cause] += 1
+        self.last_miss = why
         if cause not in self._logged:
             self._logged.add(cause)
             self.log.warning(
@@ -114,11 +119,12 @@ class ControlClient:
     def _call_locked(
         self, op: str, blob: bytes, fields: dict[str, Any], wait_s: float | None
     ) -> dict[str, Any] | None:
-        if time.monotonic() < self._retry_at:
+        started = time.monotonic()
+        if started < self._retry_at:
             self.degraded("daemon_unreachable", "the agentpark daemon is not answering")
             return None
         reused = self._sock is not None
-        sock = self._sock or self._connect(wait_s)
+        sock = self._sock or self._connect(wait_s, op)
         if sock is None:
             return None
         if wait_s is not None:
@@ -134,7 +140,7 @@ class ControlClient:
                     raise
                 # The daemon restarted since this connection was made: one fresh try.
                 self._drop()
-                sock = self._connect(wait_s)
+                sock = self._connect(wait_s, op)
                 if sock is None:
                     return None
                 if wait_s is not None:
@@ -143,8 +149,7 @@ class ControlClient:
                 answer, _ = read_frame(sock)
         except TimeoutError:
             self._drop()  # a late answer would pair with the next request
-            waited = self.timeout_s if wait_s is None else wait_s
-            self.degraded("timeout", f"the daemon took over {waited * 1e3:.0f} ms to answer {op}")
+            self._too_late(op, started, wait_s)
             return None
         except (OSError, ProtocolError) as exc:
             self._drop()
@@ -153,8 +158,17 @@ class ControlClient:
             return None
         return answer
 
-    def _connect(self, wait_s: float | None = None) -> socket.socket | None:
+    def _too_late(self, op: str, started: float, wait_s: float | None) -> None:
+        """A connected daemon that did not answer in time: ``slow``, not unreachable."""
+        budget = (self.timeout_s if wait_s is None else wait_s) * 1e3
+        took = (time.monotonic() - started) * 1e3
+        self.degraded(
+            "slow", f"the daemon answered {op} too late ({took:.0f} ms > {budget:.0f} ms budget)"
+        )
+
+    def _connect(self, wait_s: float | None = None, op: str = "hello") -> socket.socket | None:
         """A new connection, its hello answered within the call's own time-out."""
+        started = time.monotonic()
         path = self._path or self._discover()
         if path is None:
             self._retry_at = time.monotonic() + _BACKOFF_S
@@ -163,14 +177,19 @@ class ControlClient:
         sock.settimeout(self.timeout_s if wait_s is None else wait_s)
         try:
             sock.connect(path)
+        except OSError as exc:
+            sock.close()
+            self._unreachable(path, exc)
+            return None
+        try:
             answer = self._hello(sock)
+        except TimeoutError:  # connected: the daemon is there, and slow
+            sock.close()
+            self._too_late(f"{op} (its connection's hello)", started, wait_s)
+            return None
         except (OSError, ProtocolError) as exc:
             sock.close()
-            if self.daemon_url is not None:
-                self._path = None  # the daemon may have moved: ask it again next time
-            self._retry_at = time.monotonic() + _BACKOFF_S
-            why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-            self.degraded("daemon_unreachable", f"cannot connect to {path}: {why}")
+            self._unreachable(path, exc)
             return None
         if not answer.get("ok"):
             sock.close()
@@ -183,6 +202,13 @@ class ControlClient:
         self.tenant = str(answer.get("tenant"))
         self._sock = sock
         return sock
+
+    def _unreachable(self, path: str, exc: Exception) -> None:
+        if self.daemon_url is not None:
+            self._path = None  # the daemon may have moved: ask it again next time
+        self._retry_at = time.monotonic() + _BACKOFF_S
+        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        self.degraded("daemon_unreachable", f"cannot connect to {path}: {why}")
 
     def _hello(self, sock: socket.socket) -> dict[str, Any]:
         """Present the token (once per connection): the daemon's answer."""

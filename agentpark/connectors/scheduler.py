@@ -247,7 +247,7 @@ class SchedulerSide:
             expected_resume_s=params.expected_resume_s,
         )
         if answer is None:
-            return False, _answer("kept", "the agentpark daemon did not answer", record)
+            return False, _answer("kept", self.client.last_miss, record)
         if not answer.get("ok"):
             why = str(answer.get("error"))
             self.client.degraded(str(answer.get("cause", "refused")), f"park refused: {why}")

@@ -19,6 +19,7 @@ from agentpark.connectors.client import ControlClient
 from agentpark.connectors.copies import Copies, CopyRefused
 from agentpark.connectors.pool import MappedPool
 from agentpark.connectors.protocol import Layout, PoolFile
+from agentpark.connectors.sizing import kv_cache_bytes, register_wait_s
 from agentpark.connectors.steps import LoadMeta, StoreMeta
 
 __all__ = ["TorchCopies", "read_layout"]
@@ -72,7 +73,9 @@ class TorchCopies(Copies):
         pool = self.pool
         if pool is not None and (pool_id is None or pool.pool.pool_id == pool_id):
             return pool
-        answer = self.client.call("register", wait_s=30.0, layout=self.layout.to_wire())
+        # The wait grows with what the daemon has to make (agentpark.connectors.sizing).
+        wait_s = register_wait_s(kv_cache_bytes(self.layout.num_blocks, self.layout.arrays))
+        answer = self.client.call("register", wait_s=wait_s, layout=self.layout.to_wire())
         if answer is None:
             return None
         if not answer.get("ok"):

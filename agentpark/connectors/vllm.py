@@ -6,8 +6,9 @@ Configure vLLM with::
       "kv_connector_module_path": "agentpark.connectors.vllm", "kv_role": "kv_both",
       "kv_connector_extra_config": {"daemon_url": "http://127.0.0.1:8470"}}'
 
-(optional extra keys: ``token``, ``timeout_ms`` (default 50, or
-``$AGENTPARK_CONNECTOR_TIMEOUT_MS``; the worker's calls wait 20 times that), ``tenant``
+(optional extra keys: ``token``, ``timeout_ms`` (the scheduler's budget per control call,
+default 50, or ``$AGENTPARK_CONNECTOR_TIMEOUT_MS``; a miss is counted ``slow`` and the turn
+is not parked; the worker's calls wait 20 times that), ``tenant``
 (default "default"); on TPU ``tpu_sync_host_bytes`` (default 1 GiB) and
 ``tpu_sync_shm_dir``, see ``register_runner``). A request takes part when its body has
 ``kv_transfer_params: {"agentpark": {"session_id": ..., "tool": ...,

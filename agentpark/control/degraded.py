@@ -25,7 +25,8 @@ DegradedSink = Callable[[str, int], None]
 class DegradedCause(StrEnum):
     DAEMON_UNREACHABLE = "daemon_unreachable"
     NOT_CONFIGURED = "not_configured"
-    TIMEOUT = "timeout"
+    TIMEOUT = "timeout"  # connectors before "slow" (an older connector still sends it)
+    SLOW = "slow"  # connected, but the answer came after the connector's budget
     UNAUTHENTICATED = "unauthenticated"
     TOO_MANY_CONNECTIONS = "too_many_connections"
     BAD_PARAMS = "bad_params"

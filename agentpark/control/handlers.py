@@ -186,7 +186,7 @@ class ControlOps:
             held = self.service.register_held(layout, request.held.held())
             return RegisterAnswer(held=held)
         try:
-            pool = self.service.register(layout)
+            pool = self.service.register(layout, conn.owner)
         except ConfigError as exc:
             self.service.count_degraded("layout_refused", tenant=self._tenant(conn))
             raise BadRequest(f"layout refused: {exc.message}") from None

@@ -13,6 +13,12 @@ is a :class:`~agentpark.tiers.base.BackendHeldTier` (slot ``s`` = TPU Sync host 
 ``s``) and it keeps only a 0600 record next to the pool path (``<pool_path>.held.json``)
 naming the layout and the host memory's ``instance``. A daemon restart re-attaches the
 record; a worker that registers another instance makes the parked copies LOST.
+
+The pool file is sparse (made in milliseconds, memory taken as sessions park), sized by
+``[vllm] pool_capacity`` or else the rule of :mod:`agentpark.connectors.sizing`. A worker
+that registers again (its wait ran out, its connection was renewed) is not a restarted
+engine: only another engine (the connection's owner names vLLM's ``engine_id``, new at each
+vLLM start) makes the sessions whose KV vLLM held (ACTIVE with tokens) LOST.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 from agentpark.blocks import ArraySpec, PoolGeometry
 from agentpark.config import Settings
 from agentpark.connectors.protocol import Held, Layout, PoolFile, ProtocolError
+from agentpark.connectors.sizing import kv_cache_bytes, sized_pool
 from agentpark.enums import Tier
 from agentpark.errors import ConfigError
 from agentpark.parking import ExternalManager
@@ -69,7 +76,10 @@ class PoolManager:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.capacity = int(settings.vllm.pool_capacity)
+        configured = settings.vllm.pool_capacity  # None: sized at register by the rule
+        self.configured: int | None = None if configured is None else int(configured)
+        self.capacity = self.configured or 0
+        self.engine: str | None = None  # who registered last (a connection's owner)
         self.pool_path = vllm_pool_path(settings)
         self.held_path = vllm_held_path(settings)
         self.lock = threading.Lock()
@@ -96,8 +106,12 @@ class PoolManager:
             self.pool_id = held_pool_id(held)
         elif self.pool_path.exists():
             try:
-                geometry, model_uid = self._header_geometry()
-                tier = shm_tier(self.settings, self.pool_path, geometry, self.capacity, model_uid)
+                geometry, model_uid, blocks = self._header_geometry()
+                if self.configured is None:  # the size it was made with
+                    self.capacity = blocks * geometry.block_nbytes
+                tier = shm_tier(
+                    self.settings, self.pool_path, geometry, self.capacity, model_uid, sparse=True
+                )
             except (ValueError, KeyError, TypeError, OSError, ConfigError) as exc:
                 log.error(
                     "vllm pool %s: unusable (%s); made anew on registration", self.pool_path, exc
@@ -111,13 +125,14 @@ class PoolManager:
             self.tier, self.geometry, self.model_uid = tier, geometry, model_uid
             self.pool_id = self.pool_file(tier).pool_id
 
-    def _header_geometry(self) -> tuple[PoolGeometry, str]:
+    def _header_geometry(self) -> tuple[PoolGeometry, str, int]:
         header = read_header(self.pool_path)
         arrays = tuple(
             ArraySpec(tuple(int(d) for d in a["block_shape"]), str(a["dtype"]))
             for a in header["arrays"]
         )
-        return PoolGeometry(1, int(header["block_size"]), arrays), str(header["model_uid"])
+        geometry = PoolGeometry(1, int(header["block_size"]), arrays)
+        return geometry, str(header["model_uid"]), int(header["capacity_blocks"])
 
     def tiers(self) -> list[HostTier]:
         """The pool, then the disk tier: parks go to the pool, demotion to disk."""
@@ -133,9 +148,17 @@ class PoolManager:
         return self._driver
 
     def capacity_bytes(self) -> int:
-        """The pool's size: ``vllm.pool_capacity``, or what the worker's backend holds."""
+        """The pool file's size (0 until sized), or what the worker's backend holds."""
         tier = self.tier
         return tier.capacity_bytes if isinstance(tier, BackendHeldTier) else self.capacity
+
+    def pool_bytes_for(self, layout: Layout) -> int:
+        """A new pool's size: ``vllm.pool_capacity``, else the size rule's (logged)."""
+        if self.configured is not None:
+            return self.configured
+        size, how = sized_pool(kv_cache_bytes(layout.num_blocks, layout.arrays))
+        log.info("vllm pool: %s; [vllm] pool_capacity sets another size", how)
+        return size
 
     def pool_file(self, tier: FileTier) -> PoolFile:
         """How a worker maps ``tier``'s file; read from the open file, not its path."""
@@ -151,10 +174,11 @@ class PoolManager:
 
     # ---- register a pool file --------------------------------------------------------
 
-    def register(self, layout: Layout) -> PoolFile:
+    def register(self, layout: Layout, engine: str | None = None) -> PoolFile:
         """A worker's layout -> the pool file it maps (re-attached, or made for it).
 
-        ConfigError when a new file cannot be made; nothing has changed then.
+        ``engine``: who registers (module docstring). ConfigError when a new file cannot
+        be made; nothing has changed then.
         """
         geometry = layout_geometry(layout)
         with self.lock:
@@ -162,9 +186,13 @@ class PoolManager:
             if isinstance(tier, FileTier) and _same(
                 tier, geometry, self.driver.model_uid, layout.model_uid
             ):
-                self.driver.attach(geometry, layout.model_uid, None)
+                if engine is None or engine != self.engine:
+                    self.driver.attach(geometry, layout.model_uid, None)
+                else:
+                    log.info("vllm: %s registered again (not a restart): sessions kept", engine)
             else:
                 tier = self._replace(layout, geometry)
+            self.engine = engine
             pool = self.pool_file(tier)
             self.pool_id = pool.pool_id
             log.info(
@@ -214,20 +242,23 @@ class PoolManager:
             self.held_path.unlink(missing_ok=True)
             self.held = None
         self.tier, self.disk = new_pool, new_disk
+        self.capacity = self.configured or new_pool.capacity_bytes
         self.driver.attach(geometry, layout.model_uid, self.tiers(), why)
         return new_pool
 
     def _make(self, layout: Layout, geometry: PoolGeometry) -> tuple[FileTier, DiskTier | None]:
         """The new pool (and disk) file under staging names, made and verified."""
         uid = layout.model_uid
+        capacity = self.pool_bytes_for(layout)
         try:
             pool = shm_tier(
                 self.settings,
                 staging(self.pool_path),
                 geometry,
-                self.capacity,
+                capacity,
                 uid,
                 fresh=True,
+                sparse=True,
             )
         except OSError as exc:
             raise ConfigError(f"vllm pool: cannot make a new file: {exc}") from None

@@ -32,6 +32,7 @@ from agentpark.control.degraded import DegradedCounts, DegradedSink
 from agentpark.control.handlers import ControlOps
 from agentpark.control.pool import PoolManager, held_pool_id
 from agentpark.control.server import ControlServer, Limits, default_socket_path
+from agentpark.errors import StorageUnavailableError
 from agentpark.parking import CoreOptions, ExternalManager, external_core
 from agentpark.store.repository import SessionStore
 from agentpark.tiers.base import BackendHeldTier
@@ -105,6 +106,11 @@ class VllmService:
     # ---- life -----------------------------------------------------------------------------
 
     def start(self) -> None:
+        # The first turn must not pay the first commit (a connector gives up after 50 ms).
+        try:
+            self.driver.core.store.warm_up()
+        except StorageUnavailableError as exc:  # the first turn will say so; start anyway
+            log.warning("vllm: warming the database up failed: %s", exc.message)
         self.server.start()
         self._reaper.start()
 
@@ -136,9 +142,10 @@ class VllmService:
 
     # ---- registration (control/pool.py) ----------------------------------------------------
 
-    def register(self, layout: Layout) -> PoolFile:
-        """A worker's layout -> the pool file it maps (made or re-attached for it)."""
-        return self.pool.register(layout)
+    def register(self, layout: Layout, engine: str | None = None) -> PoolFile:
+        """A worker's layout -> the pool file it maps (made or re-attached for it);
+        ``engine`` registering again is not a restart of it (control/pool.py)."""
+        return self.pool.register(layout, engine)
 
     def register_held(self, layout: Layout, held: Held) -> dict[str, Any]:
         """A worker whose DMA backend holds the bytes: slot bookkeeping only, no file."""

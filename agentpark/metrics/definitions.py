@@ -228,7 +228,7 @@ class Metrics:
         self.degraded = Counter(
             "agentpark_vllm_degraded",
             "Requests a vLLM connector served as without agentpark (vLLM recomputed), by "
-            "cause: a fixed set (daemon_unreachable, timeout, bad_params, pool_full, "
+            "cause: a fixed set (daemon_unreachable, slow, bad_params, pool_full, "
             "session_busy, load_checksum, ...); any other is counted as 'other'",
             (*h, "cause"),
             registry=reg,

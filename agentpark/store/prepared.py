@@ -63,15 +63,19 @@ class PreparedWrites:
 
     def insert(self, conn: Connection, table: Table, returning: str, values: dict[str, Any]) -> Any:
         """``INSERT INTO table <values> RETURNING <returning>``: the new row's key."""
-        columns = tuple(values)
+        compiled = self.prepare_insert(table, returning, tuple(values))
+        result = conn.exec_driver_sql(compiled.sql, compiled.params(self._named(table, values)))
+        return result.scalar_one()
+
+    def prepare_insert(self, table: Table, returning: str, columns: tuple[str, ...]) -> _Compiled:
+        """The INSERT of ``columns``, compiled the first time (a start warms it up)."""
         compiled = self._inserts.get((table, columns))
         if compiled is None:
             stmt = insert(table).values({c: bindparam(f"p_{c}") for c in columns})
             compiled = self._inserts[(table, columns)] = self._compile(
                 stmt.returning(table.c[returning])
             )
-        result = conn.exec_driver_sql(compiled.sql, compiled.params(self._named(table, values)))
-        return result.scalar_one()
+        return compiled
 
     def _compile(self, stmt: Any) -> _Compiled:
         compiled = stmt.compile(dialect=self._dialect)

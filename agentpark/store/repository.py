@@ -112,6 +112,14 @@ class SessionStore:
             probe_id = conn.execute(stmt, row).scalar_one()
             conn.execute(delete(_SAMPLES).where(_SAMPLES.c.id == probe_id))
 
+    def warm_up(self) -> None:
+        """What the first turn after a start would pay, paid at start (issue 21: it missed
+        a vLLM connector's 50 ms budget): the database's first write, the WAL's (a probe,
+        rolled back), and the new session's and event's INSERTs compiled."""
+        self._prepared.prepare_insert(_SESSIONS, "seq", tuple(c for _, c in _SESSION_FIELDS))
+        self._prepared.prepare_insert(_EVENTS, "id", tuple(c for _, c in _EVENT_FIELDS))
+        self.probe()
+
     @staticmethod
     def revert(row: SessionRow) -> None:
         """Put the row's columns back as they were last written (after a failed save)."""

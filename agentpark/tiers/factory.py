@@ -44,9 +44,13 @@ def shm_tier(
     model_uid: str,
     *,
     fresh: bool = False,
+    sparse: bool = False,
 ) -> ShmTier:
-    """An shm tier file owned by this state dir (``fresh``: only make a new one)."""
-    return ShmTier(path, geometry, capacity_bytes, model_uid, settings.state_dir, fresh=fresh)
+    """An shm tier file owned by this state dir (``fresh``: only make a new one;
+    ``sparse``: made without touching its pages, the vLLM pool)."""
+    return ShmTier(
+        path, geometry, capacity_bytes, model_uid, settings.state_dir, fresh=fresh, sparse=sparse
+    )
 
 
 def disk_tier(

@@ -22,6 +22,7 @@ __all__ = [
     "header_bytes",
     "read_header",
     "read_header_fd",
+    "record_owner",
 ]
 
 MAGIC = b"AGPKTIER"
@@ -84,3 +85,20 @@ def read_header(path: Path) -> dict[str, Any]:
         return read_header_fd(fd)
     finally:
         os.close(fd)
+
+
+def record_owner(fd: int, fields: dict[str, Any], region: int) -> bool:
+    """Write ``fields`` (the layout and ``state_dir``, the owner) over a re-attached file's
+    header that names no owner or another one, keeping its ``created_at`` (part of the
+    pool id a worker knows). An older daemon's file then names the daemon that holds it,
+    so ``agentpark db cleanup`` can say whose it is. False when nothing was written (it
+    named this owner already, or the fields do not fit in the file's header region)."""
+    header = read_header_fd(fd)
+    if header.get("state_dir") == fields.get("state_dir"):
+        return False
+    try:
+        raw = encode_header({**fields, "created_at": header.get("created_at")}, region)
+    except ValueError:
+        return False
+    os.pwrite(fd, raw, 0)
+    return True

@@ -117,6 +117,7 @@ class ShmTier(FileTier):
         owner: Path | None = None,
         *,
         fresh: bool = False,
+        sparse: bool = False,
     ) -> None:
         super().__init__(
             Tier.SHM,
@@ -128,4 +129,5 @@ class ShmTier(FileTier):
             populate=True,
             owner=owner,
             fresh=fresh,
+            sparse=sparse,
         )
