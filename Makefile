@@ -30,7 +30,7 @@ STAMP_VLLM := $(VENV_VLLM)/.agentpark-installed
 VLLM_TESTS := tests/vllm_real
 VLLM_ENV   := AGENTPARK_VLLM_TESTS=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 
-.PHONY: serve test test-tpu test-vllm lint format bench bench-tpu bench-vllm gpu-check clean
+.PHONY: serve test test-tpu test-vllm lint format docs bench bench-tpu bench-vllm gpu-check clean
 
 # The native copy kernel (agentpark.dma.native) is built by the install: a change to it
 # reinstalls.
@@ -91,6 +91,11 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff check --fix agentpark migrations tests
 	$(BIN)/ruff format agentpark migrations tests
+
+# docs/configuration.md (from agentpark/config) and docs/api.md (from the OpenAPI spec);
+# tests/test_readme.py fails when either differs from what this writes.
+docs: $(STAMP)
+	$(BIN)/python -m agentpark.cli.docs
 
 bench: $(STAMP)
 	$(BIN)/agentpark bench transfer
