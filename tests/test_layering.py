@@ -25,7 +25,13 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     # Names and errors everything may use; no web framework, no wire model.
     (
         "foundation",
-        ("agentpark", "agentpark.enums", "agentpark.errors", "agentpark.blocks", "agentpark.kvkeys"),
+        (
+            "agentpark",
+            "agentpark.enums",
+            "agentpark.errors",
+            "agentpark.blocks",
+            "agentpark.kvkeys",
+        ),
     ),
     # Settings, the state dir, snapshots, counters, and the connector's wire protocol.
     (

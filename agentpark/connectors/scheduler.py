@@ -34,14 +34,9 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.request import Request
 
-__all__ = ["NO_SESSION", "OffScheduler", "SchedulerSide"]
+__all__ = ["OffScheduler", "SchedulerSide", "block_keys"]
 
 log = logging.getLogger("vllm.agentpark")
-
-NO_SESSION = (
-    "the request names no session (kv_transfer_params.agentpark.session_id, the "
-    "session_id body field or the X-Session-ID header): nothing parked"
-)
 
 
 @dataclass
@@ -92,18 +87,21 @@ class SchedulerSide:
         """Requests of a session seen and not finished yet."""
         return len(self._requests)
 
-    def _anonymous(self, request: Request, resolved: Resolved) -> SessionParams | None:
-        """The one place a request that names no session is decided: None is "not served"
-        (nothing matched or parked; its answer says so), as today.
+    def _anonymous(self, request: Request, resolved: Resolved) -> SessionParams:
+        """The one place a request that names no session is decided: served by content.
 
-        Serving anonymous requests (issue 19's item 3: parked and matched by their token
-        prefix) is returning ``SessionParams(None, tool, expected_resume_s)`` here; every
-        later step then sends ``session_id`` None to the daemon, whose ops must take it.
+        Its prefix is matched against every parked block of the tenant (same cache salt
+        and LoRA) and its turn end parked as an anonymous session (the daemon keeps those
+        within a share of the pool and a short TTL); a pause hint still gives the tool.
         """
-        return None
+        pause = resolved.hints.pause
+        if pause is None:
+            return SessionParams(None)
+        return SessionParams(None, pause.tool, pause.expected_resume_s)
 
     def _session(self, request: Request) -> tuple[Resolved, SessionParams | None]:
-        """The request's session (kv_transfer_params, vLLM's session_id, else anonymous)."""
+        """The request's session (kv_transfer_params, vLLM's session_id, else anonymous);
+        None only when refused."""
         resolved = resolve(request, self.session_tenant)
         if resolved.refused is not None:
             return resolved, None
@@ -123,6 +121,7 @@ class SchedulerSide:
             encode_tokens(tokens),
             session_id=params.session_id,
             num_computed=num_computed_tokens,
+            **block_keys(request),
         )
         if answer is None or not answer.get("ok"):
             return 0, False
@@ -150,6 +149,7 @@ class SchedulerSide:
                 session_id=record.params.session_id,
                 start_block=start,
                 block_ids=list(block_ids[:end]),
+                **block_keys(request),
             )
         if record is None or answer is None or not answer.get("ok"):
             # vLLM counted these tokens as loadable: say the blocks failed, it recomputes.
@@ -199,8 +199,7 @@ class SchedulerSide:
                 resolved.cause or "bad_params", f"request {request.request_id}: {why}"
             )
             return False, _answer("refused", why, None)
-        if params is None:
-            return False, _answer("kept", NO_SESSION, record, taken)
+        assert params is not None  # refused is the only way to none
         if resolved.hints.release:
             return False, self._release(params, record, taken)
         keep, answer = self._park(request, block_ids, params, record)
@@ -245,6 +244,7 @@ class SchedulerSide:
             block_ids=ids,
             tool=params.tool,
             expected_resume_s=params.expected_resume_s,
+            **block_keys(request),
         )
         if answer is None:
             return False, _answer("kept", self.client.last_miss, record)
@@ -267,6 +267,19 @@ class SchedulerSide:
             )
         )
         return True, _answer("parked", str(answer.get("why")), record)
+
+
+def block_keys(request: Request) -> dict[str, Any]:
+    """What vLLM keys a request's blocks with besides its tokens (its cache salt and LoRA
+    adapter), for the daemon to compute the same block-hash chain: never across salts."""
+    keys: dict[str, Any] = {}
+    salt = getattr(request, "cache_salt", None)
+    if isinstance(salt, str) and salt:
+        keys["cache_salt"] = salt
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        keys["lora"] = {"name": str(lora.lora_name), "path": str(lora.lora_path)}
+    return keys
 
 
 def _digests(raw: Any) -> list[str | None] | None:

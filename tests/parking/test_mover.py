@@ -66,7 +66,7 @@ def test_copies_parked_under_the_old_checksum_still_restore_and_move(
     setup: tuple[ReferenceEngine, DramTier, Mover, np.ndarray],
 ) -> None:
     engine, tier, mover, original = setup
-    slots, digest = _park(engine, tier, mover)
+    slots, _digest = _park(engine, tier, mover)
     (buf,) = tier.buffers()
     legacy = f"xxh3:{xxhash.xxh3_64_hexdigest(buf[slots].tobytes())}"
     assert mover.restore(tier, slots, slots, EnginePool(engine), [10, 11, 12, 13, 14], legacy)
