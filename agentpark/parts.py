@@ -69,6 +69,10 @@ def core_options(settings: Settings) -> CoreOptions:
         checksum_tiers=frozenset(settings.integrity.tiers) if checksums else frozenset(),
         background_yield_s=settings.limits.background_yield_s,
         admission_timeout_s=settings.limits.admission_timeout_s,
+        key_algo=settings.vllm.block_hash,
+        key_seed=settings.vllm.none_hash_seed,
+        anonymous_share=settings.vllm.anonymous_share,
+        anonymous_ttl_s=settings.vllm.anonymous_ttl_s,
     )
 
 

@@ -201,6 +201,25 @@ class VllmSettings(_Section):
     plan_timeout_s: float = Field(
         60.0, ge=1.0, le=3600.0, description="fail a copy the engine never reported after this"
     )
+    anonymous_share: float = Field(
+        0.25,
+        ge=0.0,
+        le=1.0,
+        description="most of the host pool the turns of requests that name no session may "
+        "hold (oldest dropped first); 0: never park them",
+    )
+    anonymous_ttl_s: float = Field(
+        600.0, ge=1.0, le=604_800.0, description="drop such a turn's copy this long after it"
+    )
+    block_hash: Literal["sha256", "sha256_cbor"] = Field(
+        "sha256", description="block keys' hash: vLLM's --prefix-caching-hash-algo"
+    )
+    none_hash_seed: str = Field(
+        "vllm-none-hash",
+        min_length=1,
+        max_length=256,
+        description="the block-hash chain's root seed: vLLM's (its PYTHONHASHSEED if it has one)",
+    )
 
 
 class LimitSettings(_Section):

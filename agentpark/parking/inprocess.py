@@ -382,7 +382,14 @@ def in_process_core(
     """
     options = options or CoreOptions()
     driver = InProcessDriver(engine, transfer, max_new_tokens)
-    mover = Mover(engine.geometry, tiers, transfer, options.checksum_tiers)
+    mover = Mover(
+        engine.geometry,
+        tiers,
+        transfer,
+        options.checksum_tiers,
+        key_algo=options.key_algo,
+        key_seed=options.key_seed,
+    )
     driver.core = SessionCore(store, driver, mover, options)
     driver.core.registry.on_release.append(driver.admission.notify)
     recover(driver.core)

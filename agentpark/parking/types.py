@@ -14,6 +14,7 @@ from agentpark.errors import (
     StorageUnavailableError,
     TransferError,
 )
+from agentpark.kvkeys import DEFAULT_SEED, HashAlgo
 from agentpark.parking.mover import Endpoint
 from agentpark.parking.registry import LiveSession
 from agentpark.snapshot import PoolFigures
@@ -87,6 +88,12 @@ class CoreOptions:
     background_yield_s: float = 30.0
     # The longest a generate or resume waits in the queue for pool blocks before 507.
     admission_timeout_s: float = 30.0
+    # Block keys: vLLM's block-hash chain (agentpark.kvkeys), as vLLM is configured.
+    key_algo: HashAlgo = "sha256"
+    key_seed: str = DEFAULT_SEED
+    # Requests that name no session (agentpark.parking.external.anonymous).
+    anonymous_share: float = 0.25
+    anonymous_ttl_s: float = 600.0
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from agentpark.blocks import PoolGeometry
 from agentpark.parking.core import CoreOptions, SessionCore
+from agentpark.parking.external.anonymous import AnonymousPolicy
 from agentpark.parking.external.host import ExternalHost
 from agentpark.parking.external.inhost import park_turn, restore_prefix
 from agentpark.parking.external.manager import ExternalManager
@@ -61,9 +62,17 @@ def external_core(
     ``manager.core``. Sessions in SQLite are re-attached."""
     options = options or CoreOptions()
     host = ExternalHost(geometry, model_uid, pool)
-    mover = Mover(geometry, tiers, None, options.checksum_tiers)
+    mover = Mover(
+        geometry,
+        tiers,
+        None,
+        options.checksum_tiers,
+        key_algo=options.key_algo,
+        key_seed=options.key_seed,
+    )
     core = SessionCore(store, host, mover, options)
     host.sessions = core.registry.all
-    manager = ExternalManager(core, host)
+    anonymous = AnonymousPolicy(options.anonymous_share, options.anonymous_ttl_s)
+    manager = ExternalManager(core, host, anonymous)
     recover(core)
     return manager
