@@ -1,5 +1,7 @@
-"""The seeded workload of ``agentpark bench vllm``: each agent's prompts, tools, pauses and
-results, from standard-library text (the same requests in every run)."""
+"""The seeded workloads of ``agentpark bench vllm``: each agent's (or conversation's)
+prompts, tools, pauses and results, from standard-library text (the same requests in every
+run). ``agents``: each agent its own system prompt; ``shared-prefix``: one system prompt for
+all; ``multi-turn``: agentpark.bench.vllm.conversations."""
 
 from __future__ import annotations
 
@@ -13,29 +15,52 @@ from typing import Any
 
 from agentpark.bench.vllm.spec import TOOLS, VllmBenchSpec
 
-__all__ = ["AgentPlan", "Step", "make_plans"]
+__all__ = ["AgentPlan", "Step", "make_plans", "prompt_tokens", "text_of"]
+
+# Tokens a chat template adds per message (role markers), counted when a prompt is sized.
+MESSAGE_OVERHEAD = 8
 
 
 @dataclass
 class Step:
-    """What follows a turn: the tool the agent runs, how long it takes, what it returns."""
+    """What follows a turn: the tool the agent runs (how long it takes, what it returns),
+    or, in a conversation (``tool`` None), the assistant's answer and the user's next turn.
+    The model's own answer is never fed back: every run sends the very same prompts."""
 
-    tool: str
+    tool: str | None
     median_s: float
     pause_s: float
     call_id: str
     arguments: str
-    result: str
+    result: str  # the tool's result, or the user's next turn
+    answer: str = ""  # a conversation's assistant answer as the client replays it
+
+    def assistant(self) -> dict[str, Any]:
+        """The assistant message the client appends after the turn."""
+        if self.tool is None:
+            return {"role": "assistant", "content": self.answer}
+        call = {"name": self.tool, "arguments": self.arguments}
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": self.call_id, "type": "function", "function": call}],
+        }
+
+    def follow(self) -> dict[str, Any]:
+        """The message that starts the next turn: the tool's result or the user's turn."""
+        if self.tool is None:
+            return {"role": "user", "content": self.result}
+        return {"role": "tool", "tool_call_id": self.call_id, "content": self.result}
 
 
 @dataclass
 class AgentPlan:
     session_id: str
-    messages: list[dict[str, Any]]  # system + user
+    messages: list[dict[str, Any]]  # the first prompt
     steps: list[Step]  # one per turn but the last
 
 
-def _text(tokenizer: Any, rng: random.Random, files: Sequence[Path], tokens: int) -> str:
+def text_of(tokenizer: Any, rng: random.Random, files: Sequence[Path], tokens: int) -> str:
     """About ``tokens`` tokens of standard-library text from a seeded place."""
     pieces: list[str] = []
     have = 0
@@ -50,37 +75,72 @@ def _text(tokenizer: Any, rng: random.Random, files: Sequence[Path], tokens: int
     return "".join(pieces)
 
 
+def prompt_tokens(plan: AgentPlan, tokenizer: Any) -> int:
+    """About how many tokens the plan's last prompt takes (its contents, the tool calls'
+    arguments, and each message's template overhead): sized against --max-model-len."""
+    messages = [*plan.messages]
+    for step in plan.steps:
+        messages += [step.assistant(), step.follow()]
+    total = 0
+    for message in messages:
+        parts = [str(message.get("content") or "")]
+        parts += [json.dumps(call["function"]) for call in message.get("tool_calls", [])]
+        total += MESSAGE_OVERHEAD
+        total += sum(len(tokenizer.encode(p, add_special_tokens=False)) for p in parts if p)
+    return total
+
+
+def _tool_steps(
+    spec: VllmBenchSpec, tokenizer: Any, rng: random.Random, files: Sequence[Path], agent: int
+) -> list[Step]:
+    names = sorted(TOOLS)
+    steps = []
+    for turn in range(spec.turns - 1):
+        tool = names[rng.randrange(len(names))]
+        median, sigma = TOOLS[tool]
+        pause = min(median * math.exp(rng.gauss(0.0, sigma)), 4 * median)
+        steps.append(
+            Step(
+                tool=tool,
+                median_s=median * spec.time_scale,
+                pause_s=pause * spec.time_scale,
+                call_id=f"call_{agent}_{turn}",
+                arguments=json.dumps({"query": f"step {turn} of agent {agent}"}),
+                result=text_of(tokenizer, rng, files, rng.randint(*spec.result)),
+            )
+        )
+    return steps
+
+
 def make_plans(spec: VllmBenchSpec, tokenizer: Any) -> list[AgentPlan]:
-    """Every agent's prompts, tools, pauses and results: a function of the seed only."""
+    """Every agent's prompts, tools, pauses and results: a function of the spec only."""
     from agentpark.vllm_tools.model import corpus_files
 
     files = corpus_files()
+    if spec.workload == "multi-turn":
+        from agentpark.bench.vllm.conversations import make_conversations
+
+        return make_conversations(spec, tokenizer, files)
     rng = random.Random(spec.seed)
-    names = sorted(TOOLS)
+    names = ", ".join(sorted(TOOLS))
+    shared = ""
+    if spec.workload == "shared-prefix":  # drawn once: every agent sends these very tokens
+        shared = f"You edit Python code with tools: {names}.\n"
+        header = len(tokenizer.encode(shared, add_special_tokens=False))
+        shared += text_of(tokenizer, rng, files, spec.system_tokens - header)
     plans = []
     for agent in range(spec.agents):
-        session = f"bench-agent-{agent}"
-        context = rng.randint(*spec.context)
-        system = f"Agent {agent}. You edit Python code with tools: {', '.join(names)}.\n"
-        system += _text(tokenizer, rng, files, context - 60)
+        if shared:
+            system = shared
+            task = "\n" + text_of(tokenizer, rng, files, rng.randint(*spec.task))
+        else:
+            system = f"Agent {agent}. You edit Python code with tools: {names}.\n"
+            system += text_of(tokenizer, rng, files, rng.randint(*spec.context) - 60)
+            task = ""
         messages = [
             {"role": "system", "content": system},
-            {"role": "user", "content": f"Task {agent}: make the tests pass."},
+            {"role": "user", "content": f"Task {agent}: make the tests pass." + task},
         ]
-        steps = []
-        for turn in range(spec.turns - 1):
-            tool = names[rng.randrange(len(names))]
-            median, sigma = TOOLS[tool]
-            pause = min(median * math.exp(rng.gauss(0.0, sigma)), 4 * median)
-            steps.append(
-                Step(
-                    tool=tool,
-                    median_s=median * spec.time_scale,
-                    pause_s=pause * spec.time_scale,
-                    call_id=f"call_{agent}_{turn}",
-                    arguments=json.dumps({"query": f"step {turn} of agent {agent}"}),
-                    result=_text(tokenizer, rng, files, rng.randint(*spec.result)),
-                )
-            )
-        plans.append(AgentPlan(session, messages, steps))
+        steps = _tool_steps(spec, tokenizer, rng, files, agent)
+        plans.append(AgentPlan(f"bench-agent-{agent}", messages, steps))
     return plans
