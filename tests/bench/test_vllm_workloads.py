@@ -14,19 +14,8 @@ from agentpark.bench.vllm.conversations import REQUEST, conversation_prefix, mak
 from agentpark.bench.vllm.spec import BLOCK_SIZE, TOOLS
 from agentpark.bench.vllm.workload import MESSAGE_OVERHEAD, AgentPlan, make_plans, prompt_tokens
 from agentpark.vllm_tools.model import corpus_files
+from tests.bench.tokens import TOKENIZER
 
-
-class CharTokenizer:
-    """One token per character: ``encode`` and ``decode`` as transformers' tokenizers."""
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i) for i in ids)
-
-
-TOKENIZER = CharTokenizer()
 SMALL = {"agents": 3, "turns": 3}
 
 
