@@ -54,8 +54,8 @@ bench exits 1 when a request failed or, in that mode, a restored turn differs.
 
 # The package, one job a module, arrows down: run (the bench, one run) -> drive (the agents
 # over the OpenAI API), daemon (the agentpark daemon child), report -> compare (turns against
-# the reference), parked (the pool's figures) -> workload (conversations: multi-turn),
-# results -> spec.
+# the reference), parked (the pool's figures) -> workload -> conversations (multi-turn) ->
+# plan, results -> spec.
 from agentpark.bench.vllm.compare import breakdown, decisions, failed, mark_restored
 from agentpark.bench.vllm.results import RunResult, TurnResult
 from agentpark.bench.vllm.run import run_vllm_bench

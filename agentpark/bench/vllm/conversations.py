@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentpark.bench.vllm.plan import AgentPlan, Step, text_of
 from agentpark.bench.vllm.spec import VllmBenchSpec
-from agentpark.bench.vllm.workload import AgentPlan, Step, text_of
 
 __all__ = ["REQUEST", "conversation_prefix", "make_conversations"]
 
