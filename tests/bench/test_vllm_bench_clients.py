@@ -46,13 +46,13 @@ def test_the_flags_make_the_spec() -> None:
         "--max-model-len",
         "8192",
         "--blocks",
-        "40",
+        "80",
     )
     assert spec.clients == ("agentpark", "session-id", "none")
     assert (spec.workload, spec.agents, spec.turns, spec.concurrency) == ("multi-turn", 12, 8, 3)
     assert (spec.common_prefix_tokens, spec.conversation_prefix_tokens) == (500, 900)
     assert (spec.user_tokens, spec.answer_tokens) == ((120, 160), (80, 120))
-    assert (spec.max_model_len, spec.small_blocks()) == (8192, 40)
+    assert (spec.max_model_len, spec.small_blocks()) == (8192, 80)
     shared = _spec("--workload", "shared-prefix", "--agents", "16", "--system-tokens", "2048")
     assert (shared.workload, shared.agents, shared.system_tokens) == ("shared-prefix", 16, 2048)
     assert shared.problems() == []
@@ -61,8 +61,10 @@ def test_the_flags_make_the_spec() -> None:
 def test_the_small_kv_cache_by_workload() -> None:
     assert VllmBenchSpec().small_blocks() == 48  # 1.5 agents of 4096 tokens
     assert VllmBenchSpec(workload="shared-prefix").small_blocks() == 48
-    assert VllmBenchSpec(workload="multi-turn").small_blocks() == 32  # one conversation
-    assert VllmBenchSpec(workload="multi-turn", max_model_len=2048).small_blocks() == 16
+    # The fewest vLLM starts with: a request of --max-model-len and the block it keeps aside.
+    assert VllmBenchSpec(workload="multi-turn").small_blocks() == 33
+    assert VllmBenchSpec(workload="multi-turn", max_model_len=2048).small_blocks() == 17
+    assert VllmBenchSpec(max_model_len=8192).small_blocks() == 96
 
 
 def test_flags_it_cannot_run_are_refused_before_anything_starts(
@@ -75,6 +77,8 @@ def test_flags_it_cannot_run_are_refused_before_anything_starts(
     argv = ["bench", "vllm", "--workload", "shared-prefix", "--system-tokens", "100"]
     assert cli.main(argv) == 2
     assert "--system-tokens must be at least one block (128)" in capsys.readouterr().err
+    assert cli.main(["bench", "vllm", "--blocks", "32"]) == 2  # vLLM refuses 4096 then
+    assert "--blocks 32 is too small for --max-model-len 4096" in capsys.readouterr().err
     assert cli.main(["bench", "vllm", "--user-tokens", "160,120"]) == 2
     assert "--user-tokens must be MIN,MAX" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="cannot read --answer-tokens '80'"):
