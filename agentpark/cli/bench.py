@@ -165,7 +165,7 @@ def _add_vllm(commands: Commands, bench_sub: Subparsers[argparse.ArgumentParser]
         "--blocks",
         type=int,
         help="the small KV cache, in blocks of 128 tokens (default 48: 1.5 contexts of 4096; "
-        "multi-turn 33: the fewest vLLM starts with)",
+        "shared-prefix and multi-turn 33: the fewest vLLM starts with)",
     )
     add(
         "--max-num-seqs",

@@ -60,9 +60,9 @@ def test_the_flags_make_the_spec() -> None:
 
 def test_the_small_kv_cache_by_workload() -> None:
     assert VllmBenchSpec().small_blocks() == 48  # 1.5 agents of 4096 tokens
-    assert VllmBenchSpec(workload="shared-prefix").small_blocks() == 48
     # The fewest vLLM starts with: a request of --max-model-len and the block it keeps aside.
     assert VllmBenchSpec(workload="multi-turn").small_blocks() == 33
+    assert VllmBenchSpec(workload="shared-prefix").small_blocks() == 33
     assert VllmBenchSpec(workload="multi-turn", max_model_len=2048).small_blocks() == 17
     assert VllmBenchSpec(max_model_len=8192).small_blocks() == 96
 
