@@ -5,9 +5,14 @@ benches pull in JAX, vLLM's client or rich)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from agentpark.cli.common import Commands, Subparsers
+
+if TYPE_CHECKING:
+    from agentpark.bench.vllm import VllmBenchSpec
 
 __all__ = [
     "add_bench_commands",
@@ -18,6 +23,7 @@ __all__ = [
     "bench_transfer",
     "bench_vllm",
     "parse_size",
+    "vllm_spec",
 ]
 
 
@@ -146,19 +152,20 @@ def _add_vllm(commands: Commands, bench_sub: Subparsers[argparse.ArgumentParser]
     bench_vllm_parser = commands.add(
         bench_sub,
         "vllm",
-        help="agents on one vLLM with too small a KV cache: plain, with agentpark, and a roomy "
-        "plain reference (needs agentpark[vllm])",
+        help="agents on one vLLM with too small a KV cache: plain, with agentpark (once per "
+        "client), and a roomy plain reference (needs agentpark[vllm])",
     )
     add = bench_vllm_parser.add_argument
-    add("--agents", type=int, default=6, help="concurrent agents (default 6)")
-    add("--turns", type=int, default=4, help="turns per agent (default 4)")
+    add("--agents", type=int, default=6, help="concurrent agents, or conversations (default 6)")
+    add("--turns", type=int, default=4, help="turns per agent or conversation (default 4)")
     add("--seed", type=int, default=0, help="workload seed (default 0)")
     add("--time-scale", type=float, default=0.5, help="multiplies every tool pause (default 0.5)")
     add("--new-tokens", type=int, default=16, help="tokens generated per turn (default 16)")
     add(
         "--blocks",
         type=int,
-        help="the small KV cache, in blocks of 128 tokens (default 48: 1.5 contexts of 4096)",
+        help="the small KV cache, in blocks of 128 tokens (default 48: 1.5 contexts of 4096; "
+        "shared-prefix and multi-turn 33: the fewest vLLM starts with)",
     )
     add(
         "--max-num-seqs",
@@ -167,9 +174,68 @@ def _add_vllm(commands: Commands, bench_sub: Subparsers[argparse.ArgumentParser]
         "a time, so every run batches alike and each turn must equal the reference's to "
         "the bit (the exactness check)",
     )
+    add("--max-model-len", type=int, default=4096, help="vLLM's, and the model's (default 4096)")
     add("--model", type=Path, help="a model dir (default: make-model, 8 layers, hidden 512)")
     add("--runs", default="reference,plain,agentpark", help="comma-separated runs, in order")
+    add(
+        "--client",
+        default="agentpark",
+        help="comma-separated: how the client names its session, one agentpark run each: "
+        "agentpark (kv_transfer_params.agentpark.session_id), session-id (only the "
+        "X-Session-ID header, as vLLM's multi-turn benchmark), none (only the messages); "
+        "default agentpark",
+    )
+    add(
+        "--workload",
+        choices=("agents", "shared-prefix", "multi-turn"),
+        default="agents",
+        help="agents: tool-calling agents, a system prompt each; shared-prefix: the same, "
+        "sharing one system prompt of --system-tokens; multi-turn: conversations shaped like "
+        "vLLM's benchmarks/multi_turn (default agents)",
+    )
+    add(
+        "--system-tokens",
+        type=int,
+        default=1024,
+        help="shared-prefix: the system prompt all agents share, tokens (default 1024)",
+    )
+    _add_multi_turn(add)
     bench_vllm_parser.set_defaults(run=bench_vllm)
+
+
+def _add_multi_turn(add: Callable[..., Any]) -> None:
+    """The multi-turn workload's shape; vLLM's generate_multi_turn.json in brackets."""
+    add(
+        "--common-prefix-tokens",
+        type=int,
+        default=256,
+        help="multi-turn: the prefix every conversation starts with (default 256 [500])",
+    )
+    add(
+        "--conversation-prefix-tokens",
+        type=int,
+        default=1000,
+        help="multi-turn: each conversation's own prefix, the average of a log-normal "
+        "capped at twice it (default 1000 [1000, capped at 5000])",
+    )
+    add(
+        "--user-tokens",
+        default="120,160",
+        help="multi-turn: MIN,MAX tokens of each user turn (default 120,160 [the same])",
+    )
+    add(
+        "--answer-tokens",
+        default="24,40",
+        help="multi-turn: MIN,MAX tokens of each answer the client replays (default 24,40 "
+        "[80,120])",
+    )
+    add(
+        "--concurrency",
+        type=int,
+        default=2,
+        help="multi-turn: clients sending at once, each taking the next conversation in line "
+        "(default 2 [--num-clients 2])",
+    )
 
 
 def bench_transfer(args: argparse.Namespace) -> int:
@@ -225,9 +291,16 @@ def bench_agents(args: argparse.Namespace) -> int:
 
 
 def bench_vllm(args: argparse.Namespace) -> int:
-    from agentpark.bench.vllm import VllmBenchSpec, run_vllm_bench
+    from agentpark.bench.vllm import run_vllm_bench
 
-    spec = VllmBenchSpec(
+    return run_vllm_bench(vllm_spec(args), runs=_names(args.runs), model=args.model)
+
+
+def vllm_spec(args: argparse.Namespace) -> VllmBenchSpec:
+    """The bench's spec from ``agentpark bench vllm``'s flags (checked when it runs)."""
+    from agentpark.bench.vllm import VllmBenchSpec
+
+    return VllmBenchSpec(
         agents=args.agents,
         turns=args.turns,
         seed=args.seed,
@@ -235,9 +308,31 @@ def bench_vllm(args: argparse.Namespace) -> int:
         new_tokens=args.new_tokens,
         blocks=args.blocks,
         max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        clients=_names(args.client),
+        workload=args.workload,
+        system_tokens=args.system_tokens,
+        common_prefix_tokens=args.common_prefix_tokens,
+        conversation_prefix_tokens=args.conversation_prefix_tokens,
+        user_tokens=_span("--user-tokens", args.user_tokens),
+        answer_tokens=_span("--answer-tokens", args.answer_tokens),
+        concurrency=args.concurrency,
     )
-    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
-    return run_vllm_bench(spec, runs=runs, model=args.model)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _span(flag: str, text: str) -> tuple[int, int]:
+    """``MIN,MAX`` as two ints; exits with a message for anything else."""
+    try:
+        low, high = (int(n) for n in text.split(","))
+    except ValueError:
+        raise SystemExit(
+            f"agentpark: cannot read {flag} {text!r} (MIN,MAX, e.g. 120,160)"
+        ) from None
+    return low, high
 
 
 def parse_size(text: str) -> int:

@@ -170,17 +170,18 @@ def test_table_shows_every_run_and_the_ratios(capsys: pytest.CaptureFixture[str]
         6.0,
         [_turn(0, 0, *tokens), _turn(0, 1, *tokens, ttft_s=0.2)],
         host={"counters": {"bytes_parked": 3 << 20, "bytes_restored": 2 << 20}},
+        client="agentpark",
     )
     print_report([reference, plain, parked], spec, 48)
     out = capsys.readouterr().out
     for text in ("reference", "plain", "agentpark", "3 / 2 MiB", "2,100", "1,100"):
         assert text in out, text
     # prefill 2100 / 1100 and TTFT 0.8 / 0.2 after the tool.
-    assert "1.91x fewer prefill tokens" in out
-    assert "4.00x lower p50 TTFT" in out
-    assert (
-        "agentpark, turns differing from the reference: first turns 1: tokens 0, logprobs 0" in out
-    )
+    assert "agentpark/agentpark vs plain: 1.91x fewer prefill tokens (target >= 2)" in out
+    assert "4.00x lower p50 TTFT after a tool" in out
+    assert "1.91x" in out.split("agentpark/agentpark")[1]  # the table's column too
+    differing = "agentpark/agentpark, turns differing from the reference: first turns 1: "
+    assert differing + "tokens 0, logprobs 0" in out
 
 
 def test_unknown_runs_are_refused(capsys: pytest.CaptureFixture[str]) -> None:

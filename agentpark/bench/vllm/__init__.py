@@ -1,5 +1,5 @@
 """``agentpark bench vllm``: agents on one real vLLM server whose KV cache is too small for
-them all: plain vLLM, vLLM with agentpark, and a roomy plain reference.
+them all: plain vLLM, vLLM with agentpark (once per client), and a roomy plain reference.
 
 **Workload** (seeded; the same requests in every run). N agents start together. Agent *i*
 sends a system prompt and a task (``context`` tokens of standard-library text in all, drawn
@@ -12,6 +12,20 @@ text). The model's own answers are recorded, not fed back, so every run sends th
 prompts and the tokens of a turn can be compared across runs. Each request names its
 session in ``kv_transfer_params.agentpark`` with the tool that follows and its median as
 ``expected_resume_s`` (ignored by plain vLLM).
+
+**Clients** (``--client``, several for one agentpark run each): how a request names its
+session. ``agentpark``: ``kv_transfer_params.agentpark`` as above; ``session-id``: only the
+``X-Session-ID`` header (vLLM's multi-turn benchmark with --send-conversation-id; vLLM 0.32
+reads it as ``request.session_id``); ``none``: only the messages. Plain vLLM (reference and
+plain) is sent the messages only. Runs are named ``agentpark/<client>``.
+
+**Workloads** (``--workload``). ``agents``: as above. ``shared-prefix``: the same agents all
+sending one system prompt of ``--system-tokens`` (then a task of their own): the pool should
+hold it once, so the second table sets the bytes parked at the end (the tiers' bytes in use
+from ``/v1/host``, after less before) against one copy per session (every parked session's
+KV counted whole: ``reclaimed_bytes``), and sessions parked per GiB of pool both ways.
+``multi-turn``: conversations shaped like vLLM's own KV-offloading benchmark
+(agentpark.bench.vllm.conversations), sent by ``--concurrency`` clients in turn, no pauses.
 
 **Runs.** ``reference``: plain vLLM, prefix caching on, a KV cache with room for every
 agent: its cache hits are the exact keep-all. ``plain``: the same under pressure
@@ -28,7 +42,9 @@ turns whose tokens differ from the reference's (tokens, then logprobs to the bit
 recomputed turns may differ by rounding (batched prefill and decode round differently):
 they are counted, not hidden; so are agentpark's later turns that vLLM computed (a kept
 session whose blocks it evicted). Which turns agentpark restored comes from the daemon's
-``resume`` events. Batched (vLLM's default ``--max-num-seqs``) the servers batch the same
+``resume`` events of the agent's session (none for the ``none`` client: its sessions are
+anonymous). In the multi-turn workload a later turn's TTFT counts from when a client picked
+the conversation up. Batched (vLLM's default ``--max-num-seqs``) the servers batch the same
 requests differently, and that alone moves logprobs and now and then a greedy token, first
 turns included (nothing cached or restored there): those differences are printed per kind
 of turn, not judged. ``--max-num-seqs 1`` runs one request at a time, so every run batches
@@ -38,14 +54,17 @@ bench exits 1 when a request failed or, in that mode, a restored turn differs.
 
 # The package, one job a module, arrows down: run (the bench, one run) -> drive (the agents
 # over the OpenAI API), daemon (the agentpark daemon child), report -> compare (turns against
-# the reference) -> workload, results -> spec.
+# the reference), parked (the pool's figures) -> workload -> conversations (multi-turn) ->
+# plan, results -> spec.
 from agentpark.bench.vllm.compare import breakdown, decisions, failed, mark_restored
 from agentpark.bench.vllm.results import RunResult, TurnResult
 from agentpark.bench.vllm.run import run_vllm_bench
-from agentpark.bench.vllm.spec import RUNS, VllmBenchSpec
+from agentpark.bench.vllm.spec import CLIENTS, RUNS, WORKLOADS, VllmBenchSpec
 
 __all__ = [
+    "CLIENTS",
     "RUNS",
+    "WORKLOADS",
     "RunResult",
     "TurnResult",
     "VllmBenchSpec",

@@ -1,16 +1,26 @@
-"""The table and lines ``agentpark bench vllm`` prints: per run, prefill computed, TTFT
-after a tool, makespan, bytes moved, turns differing; then agentpark against plain."""
+"""The tables and lines ``agentpark bench vllm`` prints: per run, prefill computed and its
+ratio to plain, TTFT of the later turns, makespan, bytes moved, turns differing; each
+agentpark run (one per client) against plain; then what the pool held at the end."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 from agentpark.bench.vllm.compare import breakdown, differs
+from agentpark.bench.vllm.parked import pool_figures
 from agentpark.bench.vllm.results import RunResult
 from agentpark.bench.vllm.spec import BLOCK_SIZE, VllmBenchSpec
 
-__all__ = ["print_report", "quantile"]
+__all__ = ["TARGETS", "print_report", "quantile", "ratios"]
+
+# Fewer prefill tokens than plain that issue 19 asks of each client; the shared prefix's
+# fewer bytes than one copy per session; a lower p50 TTFT.
+TARGETS = {"agentpark": 2.0, "session-id": 2.0, "none": 1.6}
+SHARED_PREFIX_TARGET = 4.0
+TTFT_TARGET = 1.5
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -18,27 +28,56 @@ def quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def print_report(results: list[RunResult], spec: VllmBenchSpec, blocks: int) -> None:
+def ratios(run: RunResult, plain: RunResult) -> tuple[float, float]:
+    """(how many times fewer prefill tokens ``run`` computed than plain, how many times
+    lower its p50 TTFT of the later turns); nan where either has nothing to divide."""
+    nan = float("nan")
+    prefill = plain.prefill_computed / run.prefill_computed if run.prefill_computed else nan
+    ttfts, plain_ttfts = run.ttfts(), plain.ttfts()
+    ttft = nan
+    if ttfts and plain_ttfts and statistics.median(ttfts) > 0:
+        ttft = statistics.median(plain_ttfts) / statistics.median(ttfts)
+    return prefill, ttft
+
+
+def _times(ratio: float) -> str:
+    return "-" if math.isnan(ratio) else f"{ratio:.2f}x"
+
+
+def _number(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1f}"
+
+
+def _runs_table(results: list[RunResult], spec: VllmBenchSpec, blocks: int) -> Any:
     from rich.table import Table
 
-    from agentpark.bench.common import stdout_console
-
-    by_name = {r.name: r for r in results}
-    reference = by_name.get("reference")
+    by_name = {r.label: r for r in results}
+    reference, plain = by_name.get("reference"), by_name.get("plain")
     table = Table(
-        title=f"agentpark bench vllm: {spec.agents} agents x {spec.turns} turns, "
-        f"seed {spec.seed}, small KV {blocks} blocks of {BLOCK_SIZE}"
+        title=f"agentpark bench vllm: {spec.workload}, {spec.agents} "
+        f"{'conversations' if spec.workload == 'multi-turn' else 'agents'} x {spec.turns} "
+        f"turns, seed {spec.seed}, small KV {blocks} blocks of {BLOCK_SIZE}"
     )
+    table.caption = (
+        "vs plain: times fewer prefill tokens computed than plain. TTFT: turns after the "
+        "first, from when "
+        + (
+            "a client took the conversation"
+            if spec.workload == "multi-turn"
+            else "the tool returned"
+        )
+    )
+    table.add_column("run", no_wrap=True)
     for column in (
-        "run",
         "prefill computed",
-        "TTFT after tool p50 / p99 (s)",
+        "vs plain",
+        "TTFT p50 / p99 (s)",
         "makespan (s)",
         "parked / restored",
-        "turns differing (tokens / logprobs)",
+        "differing (tokens / logprobs)",
         "errors",
     ):
-        table.add_column(column, justify="right" if column != "run" else "left")
+        table.add_column(column, justify="right")
     for run in results:
         ttfts = run.ttfts()
         counters = run.host.get("counters", {})
@@ -54,24 +93,71 @@ def print_report(results: list[RunResult], spec: VllmBenchSpec, blocks: int) -> 
             differing = "(reference)" if run is reference else "-"
         else:
             differing = "{} / {}".format(*differs(run, reference))
+        fewer = "-" if plain is None or run is plain else _times(ratios(run, plain)[0])
         table.add_row(
-            run.name,
+            run.label,
             f"{run.prefill_computed:,}",
+            fewer,
             f"{statistics.median(ttfts):.3f} / {quantile(ttfts, 0.99):.3f}" if ttfts else "-",
             f"{run.makespan_s:.1f}",
             moved,
             differing,
             str(len(run.errors())),
         )
+    return table
+
+
+def _pool_table(results: list[RunResult], spec: VllmBenchSpec) -> Any:
+    from rich.table import Table
+
+    target = f" (target >= {SHARED_PREFIX_TARGET:g}x)" if spec.workload == "shared-prefix" else ""
+    table = Table(title=f"the pool at the end: bytes parked against one copy per session{target}")
+    table.add_column("run", no_wrap=True)
+    for column in (
+        "sessions parked",
+        "bytes parked (MiB)",
+        "one copy per session (MiB)",
+        "fewer bytes",
+        "sessions per GiB (one copy each)",
+        "copied in (MiB)",
+    ):
+        table.add_column(column, justify="right")
+    for run in results:
+        figures = pool_figures(run.host_before, run.host)
+        if figures is None:
+            continue
+        table.add_row(
+            run.label,
+            str(figures.sessions),
+            f"{figures.held_bytes / 2**20:.1f}",
+            f"{figures.one_copy_bytes / 2**20:.1f}",
+            _times(figures.fewer),
+            f"{_number(figures.per_gib(figures.held_bytes))} "
+            f"({_number(figures.per_gib(figures.one_copy_bytes))})",
+            f"{figures.copied_bytes / 2**20:.1f}",
+        )
+    return table if table.row_count else None
+
+
+def print_report(results: list[RunResult], spec: VllmBenchSpec, blocks: int) -> None:
+    from agentpark.bench.common import stdout_console
+
     out = stdout_console()
-    out.print(table)
-    plain, parked = by_name.get("plain"), by_name.get("agentpark")
-    if plain and parked and parked.prefill_computed and parked.ttfts() and plain.ttfts():
-        prefill = plain.prefill_computed / parked.prefill_computed
-        ttft = statistics.median(plain.ttfts()) / statistics.median(parked.ttfts())
+    out.print(_runs_table(results, spec, blocks))
+    pool = _pool_table(results, spec)
+    if pool is not None:
+        out.print(pool)
+    by_name = {r.label: r for r in results}
+    reference, plain = by_name.get("reference"), by_name.get("plain")
+    after = "after a tool" if spec.workload != "multi-turn" else "of the later turns"
+    for run in results:
+        if plain is None or run.name != "agentpark" or not run.prefill_computed:
+            continue
+        prefill, ttft = ratios(run, plain)
         out.print(
-            f"agentpark vs plain: {prefill:.2f}x fewer prefill tokens (target >= 2), "
-            f"{ttft:.2f}x lower p50 TTFT after a tool (target >= 1.5)"
+            f"{run.label} vs plain: {prefill:.2f}x fewer prefill tokens "
+            f"(target >= {TARGETS.get(run.client, 2.0):g}), {ttft:.2f}x lower p50 TTFT "
+            f"{after} (target >= {TTFT_TARGET:g})"
         )
     if reference is not None:
         for run in results:
@@ -82,11 +168,11 @@ def print_report(results: list[RunResult], spec: VllmBenchSpec, blocks: int) -> 
                 for kind, (t, lp, n) in breakdown(run, reference).items()
                 if n
             )
-            out.print(f"{run.name}, turns differing from the reference: {parts}")
+            out.print(f"{run.label}, turns differing from the reference: {parts}")
     for run in results:
         if run.decisions:
             told = ", ".join(f"{label} {n}" for label, n in sorted(run.decisions.items()))
-            out.print(f"{run.name}, turn ends: {told}")
+            out.print(f"{run.label}, turn ends: {told}")
     for run in results:
         for turn in run.errors()[:3]:
-            out.print(f"{run.name}: agent {turn.agent} turn {turn.turn} failed: {turn.error}")
+            out.print(f"{run.label}: agent {turn.agent} turn {turn.turn} failed: {turn.error}")

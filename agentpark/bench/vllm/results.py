@@ -26,11 +26,19 @@ class TurnResult:
 
 @dataclass
 class RunResult:
-    name: str
+    name: str  # reference, plain or agentpark
     makespan_s: float
     turns: list[TurnResult]
-    host: dict[str, Any] = field(default_factory=dict)
+    host: dict[str, Any] = field(default_factory=dict)  # the daemon's /v1/host at the end
     decisions: dict[str, int] = field(default_factory=dict)
+    client: str = "none"  # how the requests named their sessions (spec.CLIENTS)
+    host_before: dict[str, Any] = field(default_factory=dict)  # /v1/host before the run
+
+    @property
+    def label(self) -> str:
+        """The run as the report names it: an agentpark run by its client too
+        (``agentpark/session-id``); plain and reference send the messages only."""
+        return f"{self.name}/{self.client}" if self.name == "agentpark" else self.name
 
     @property
     def prefill_computed(self) -> int:

@@ -1,10 +1,10 @@
 """``run_vllm_bench``: make the model and the workload, then each run on a fresh vLLM
-server (and daemon), then the report (agentpark.bench.vllm's docstring says what)."""
+server (and daemon): the reference, plain, and one agentpark run per client; then the
+report (agentpark.bench.vllm's docstring says what)."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -16,14 +16,15 @@ from agentpark.bench.vllm.drive import Clock, drive
 from agentpark.bench.vllm.report import print_report
 from agentpark.bench.vllm.results import RunResult
 from agentpark.bench.vllm.spec import BLOCK_SIZE, RUNS, VllmBenchSpec, kv_bytes_per_token
-from agentpark.bench.vllm.workload import AgentPlan, make_plans
+from agentpark.bench.vllm.workload import AgentPlan, make_plans, prompt_tokens
 from agentpark.vllm_tools.process import VllmServer, free_port
 
-__all__ = ["run_vllm_bench"]
+__all__ = ["run_order", "run_vllm_bench"]
 
 
 def _run_one(
     name: str,
+    client: str,
     model: Path,
     work: Path,
     plans: list[AgentPlan],
@@ -39,7 +40,7 @@ def _run_one(
         extra += ("--max-num-seqs", str(spec.max_num_seqs))
     try:
         if name == "agentpark":
-            state = work / "daemon-state"
+            state = work / f"daemon-state-{client}"
             state.mkdir()
             kv_bytes = kv_bytes_per_token(spec) * (spec.max_model_len + BLOCK_SIZE)
             daemon = BenchDaemon(state, 2 * kv_bytes * spec.agents, spec.time_scale)
@@ -49,7 +50,7 @@ def _run_one(
             python=Path(sys.executable),
             model=model,
             port=free_port(),
-            log_path=work / f"vllm-{name}.log",
+            log_path=work / f"vllm-{name}-{client}.log",
             daemon_url=daemon.url if daemon else None,
             num_gpu_blocks=None if name == "reference" else blocks,
             extra_args=extra,
@@ -58,12 +59,14 @@ def _run_one(
         where = "room for every agent" if name == "reference" else f"{blocks} blocks"
         clock.say(f"{name}: starting vLLM ({where})")
         server.start()
-        clock.say(f"{name}: {len(plans)} agents x {spec.turns} turns")
-        makespan, turns = asyncio.run(drive(server, plans, spec, clock))
+        clock.say(f"{name}: {len(plans)} x {spec.turns} turns, {client} client")
+        before = daemon.host() if daemon else {}
+        makespan, turns = asyncio.run(drive(server, plans, spec, client, clock))
         host = daemon.host() if daemon else {}
         events = daemon.events() if daemon else []
+        # An anonymous session (the none client) has no name to find its events by.
         mark_restored(turns, events, [plan.session_id for plan in plans])
-        return RunResult(name, makespan, turns, host, decisions(events))
+        return RunResult(name, makespan, turns, host, decisions(events), client, before)
     finally:
         if server is not None:
             server.stop()
@@ -71,13 +74,27 @@ def _run_one(
             daemon.stop()
 
 
+def run_order(runs: Sequence[str], clients: Sequence[str]) -> list[tuple[str, str]]:
+    """(run, client) in the bench's order: plain vLLM (reference, plain) is sent the
+    messages only, as an unchanged client sends them; agentpark once per client."""
+    order: list[tuple[str, str]] = []
+    for name in [r for r in RUNS if r in runs]:
+        order += [(name, c) for c in clients] if name == "agentpark" else [(name, "none")]
+    return order
+
+
 def run_vllm_bench(
     spec: VllmBenchSpec, runs: Sequence[str] = RUNS, model: Path | None = None
 ) -> int:
-    """Run the bench and print its table; 1 if a request failed or agentpark's tokens differ."""
+    """Run the bench and print its tables; 1 if a request failed or agentpark's tokens
+    differ, 2 for flags it cannot run (nothing started)."""
     unknown = [r for r in runs if r not in RUNS]
+    problems = spec.problems()
     if unknown or not runs:
-        print(f"agentpark bench vllm: unknown runs {unknown}; choose from {RUNS}", file=sys.stderr)
+        problems.insert(0, f"unknown runs {unknown}; choose from {RUNS}")
+    if problems:
+        for problem in problems:
+            print(f"agentpark bench vllm: {problem}", file=sys.stderr)
         return 2
     clock = Clock()
     with tempfile.TemporaryDirectory(prefix="agentpark-bench-vllm-") as tmp:
@@ -101,11 +118,22 @@ def run_vllm_bench(
             )
         tokenizer = AutoTokenizer.from_pretrained(model)
         plans = make_plans(spec, tokenizer)
-        blocks = spec.blocks or math.ceil(1.5 * spec.max_model_len / BLOCK_SIZE)
-        clock.say(f"workload: {spec.agents} agents, {spec.turns} turns, seed {spec.seed}")
+        longest = max(prompt_tokens(plan, tokenizer) for plan in plans)
+        if longest + spec.new_tokens > spec.max_model_len:
+            print(
+                f"agentpark bench vllm: the longest prompt takes about {longest} tokens, "
+                f"+{spec.new_tokens} new ones: more than --max-model-len {spec.max_model_len}",
+                file=sys.stderr,
+            )
+            return 2
+        blocks = spec.small_blocks()
+        clock.say(
+            f"workload {spec.workload}: {spec.agents} x {spec.turns} turns, seed {spec.seed}, "
+            f"longest prompt ~{longest} tokens"
+        )
         results = []
-        for name in [r for r in RUNS if r in runs]:
-            results.append(_run_one(name, Path(model), work, plans, spec, blocks, clock))
-            clock.say(f"{name}: done in {results[-1].makespan_s:.1f} s")
+        for name, client in run_order(runs, spec.clients):
+            results.append(_run_one(name, client, Path(model), work, plans, spec, blocks, clock))
+            clock.say(f"{results[-1].label}: done in {results[-1].makespan_s:.1f} s")
     print_report(results, spec, blocks)
     return 1 if failed(results, spec) else 0

@@ -1,14 +1,32 @@
-"""What ``agentpark bench vllm`` runs: the runs, the tools' pauses, the workload and model
-sizes, and the KV a token takes in the bench's model."""
+"""What ``agentpark bench vllm`` runs: the runs, the clients, the workloads, the tools'
+pauses, the workload and model sizes, and the KV a token takes in the bench's model."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-__all__ = ["BLOCK_SIZE", "RUNS", "TOOLS", "VllmBenchSpec", "kv_bytes_per_token"]
+__all__ = [
+    "BLOCK_SIZE",
+    "CLIENTS",
+    "RUNS",
+    "TOOLS",
+    "WORKLOADS",
+    "VllmBenchSpec",
+    "kv_bytes_per_token",
+]
 
 RUNS = ("reference", "plain", "agentpark")
 BLOCK_SIZE = 128  # vLLM's CPU KV block size (tokens)
+
+# How the driven OpenAI client names its session: agentpark's own kv_transfer_params,
+# only the X-Session-ID header (vLLM's multi-turn benchmark with --send-conversation-id),
+# or nothing but the messages (an unchanged OpenAI client).
+CLIENTS = ("agentpark", "session-id", "none")
+# agents: tool-calling agents, each with its own system prompt; shared-prefix: the same,
+# all sharing one system prompt of ``system_tokens``; multi-turn: conversations shaped
+# like vLLM's benchmarks/multi_turn (common prefix, per-conversation prefix, user turns).
+WORKLOADS = ("agents", "shared-prefix", "multi-turn")
 
 # Tool -> (median pause in seconds before time_scale, log-normal sigma).
 TOOLS: dict[str, tuple[float, float]] = {
@@ -21,14 +39,14 @@ TOOLS: dict[str, tuple[float, float]] = {
 
 @dataclass(frozen=True)
 class VllmBenchSpec:
-    agents: int = 6
+    agents: int = 6  # agents, or conversations of the multi-turn workload
     turns: int = 4
     seed: int = 0
-    context: tuple[int, int] = (1000, 2000)  # first prompt, tokens
+    context: tuple[int, int] = (1000, 2000)  # first prompt, tokens (agents)
     result: tuple[int, int] = (150, 500)  # each tool result, tokens
     new_tokens: int = 16
     time_scale: float = 0.5
-    blocks: int | None = None  # the small KV cache; None: ~1.5 agents at their longest
+    blocks: int | None = None  # the small KV cache; None: see small_blocks
     layers: int = 8
     hidden: int = 512
     heads: int = 8
@@ -36,6 +54,18 @@ class VllmBenchSpec:
     reference_kv_gib: int = 2
     # vLLM's --max-num-seqs for every run; 1: the runs batch alike (the exactness check).
     max_num_seqs: int | None = None
+    # One agentpark run per client, in this order; plain and reference send messages only.
+    clients: tuple[str, ...] = ("agentpark",)
+    workload: str = "agents"
+    system_tokens: int = 1024  # shared-prefix: the one system prompt every agent sends
+    task: tuple[int, int] = (64, 192)  # shared-prefix: each agent's own task, tokens
+    # multi-turn, vLLM's generate_multi_turn.json scaled down (there: 500, ~1000 lognormal
+    # up to 5000, 120-160, 80-120, 12-18 messages, 2 clients).
+    common_prefix_tokens: int = 256
+    conversation_prefix_tokens: int = 1000  # the average of a log-normal, capped at 2x
+    user_tokens: tuple[int, int] = (120, 160)
+    answer_tokens: tuple[int, int] = (24, 40)
+    concurrency: int = 2  # multi-turn: clients sending at once (vLLM's --num-clients)
 
     @property
     def exact(self) -> bool:
@@ -43,6 +73,50 @@ class VllmBenchSpec:
         at a time. Otherwise the servers batch the same requests differently and even the
         first turns (nothing cached or restored) may differ in their last bits."""
         return self.max_num_seqs == 1
+
+    def small_blocks(self) -> int:
+        """The small KV cache in blocks: ``blocks``, else room for about 1.5 agents at their
+        longest, or the fewest vLLM starts with: multi-turn conversations are shorter than
+        --max-model-len (vLLM's own shape: more of them than the cache holds), and vLLM's
+        prefix cache holds a shared system prompt once too (measured: 4 agents sharing 1024
+        tokens fit in 48 blocks, plain computing what the roomy reference did)."""
+        if self.blocks is not None:
+            return self.blocks
+        if self.workload != "agents":
+            return self.fewest_blocks()
+        return max(self.fewest_blocks(), math.ceil(1.5 * self.max_model_len / BLOCK_SIZE))
+
+    def fewest_blocks(self) -> int:
+        """The smallest KV cache vLLM starts with: one request of --max-model-len, and the
+        block it keeps aside (measured on vLLM 0.32: 32 blocks of 128 refuse 4096, 3968 fit)."""
+        return math.ceil(self.max_model_len / BLOCK_SIZE) + 1
+
+    def problems(self) -> list[str]:
+        """What is wrong with these flags, worded for the command line (empty: none)."""
+        wrong = []
+        unknown = [c for c in self.clients if c not in CLIENTS]
+        if unknown or not self.clients:
+            wrong.append(f"unknown clients {unknown}; choose from {CLIENTS}")
+        if len(set(self.clients)) != len(self.clients):
+            wrong.append(f"a client named twice in {list(self.clients)}")
+        if self.workload not in WORKLOADS:
+            wrong.append(f"unknown workload {self.workload!r}; choose from {WORKLOADS}")
+        if self.agents < 1 or self.turns < 1 or self.concurrency < 1:
+            wrong.append("--agents, --turns and --concurrency must be at least 1")
+        for name, (low, high) in (
+            ("--user-tokens", self.user_tokens),
+            ("--answer-tokens", self.answer_tokens),
+        ):
+            if not 0 < low <= high:
+                wrong.append(f"{name} must be MIN,MAX with 0 < MIN <= MAX, got {low},{high}")
+        if self.workload == "shared-prefix" and self.system_tokens < BLOCK_SIZE:
+            wrong.append(f"--system-tokens must be at least one block ({BLOCK_SIZE})")
+        if self.blocks is not None and self.blocks < self.fewest_blocks():
+            wrong.append(
+                f"--blocks {self.blocks} is too small for --max-model-len {self.max_model_len}: "
+                f"vLLM starts with {self.fewest_blocks()} blocks of {BLOCK_SIZE} or more"
+            )
+        return wrong
 
 
 def kv_bytes_per_token(spec: VllmBenchSpec) -> int:
