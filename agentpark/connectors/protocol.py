@@ -24,11 +24,13 @@ hello              the first frame of every connection: the connector's token (`
 register           a worker's KV layout -> the host pool file to map (created or re-attached);
                    with ``held`` (:class:`Held`: TPU Sync keeps the bytes in the worker's
                    own host memory) the daemon makes no file and keeps slot bookkeeping only
-match              how many tokens beyond ``num_computed`` a session's parked copy holds
-begin_load         take the parked copy for a load: tier slots and checksum for the worker
+match              how many tokens beyond ``num_computed`` parked blocks hold (the session's
+                   own copy, or any of the tenant's by block key; ``session_id`` optional)
+begin_load         take parked blocks for a load: tier slots and each block's digest
 load_done          the worker loaded (or found the copy damaged): commit or drop it
-prepare_store      a turn ended: park (slots reserved for the worker) or keep, and why
-complete_store     the worker copied the blocks (with their checksum), or failed: commit
+prepare_store      a turn ended: park (a slot per block, ``fresh`` where the worker copies;
+                   the pool holds the others by content) or keep, and why
+complete_store     the worker copied the fresh blocks (with each one's digest), or failed
 release            the conversation is over (a kv_hints ``agentpark.release``): delete the
                    session, its parked copy freed
 degraded           counts of requests a connector served without agentpark, by cause
@@ -68,7 +70,7 @@ __all__ = [
     "valid_session_id",
 ]
 
-PROTOCOL = 2  # 2: the first frame is hello with the connection's token
+PROTOCOL = 3  # 2: hello with the token first; 3: blocks by content (fresh, digests)
 MAX_JSON = 1 << 20
 # A token blob: 16 MiB is 4M token ids, several times the longest context any model takes.
 MAX_BLOB = 16 << 20

@@ -18,10 +18,11 @@ copies only the blocks the tier lacks. A block key is vLLM's hash chain (agentpa
 namespaced by tenant, so no block crosses tenants.
 
 Checksums (agentpark.integrity) are of the copy as it sits in the tier: a digest per
-block for copies stored by content, one for the copy for those parked before. With
-``copy(..., hash=True)`` a handler that can hashes each piece while it copies (host_copy:
-the piece is still in cache) and returns the checksum; one that cannot returns None, and
-:meth:`Mover.land` hashes the tier after the copy, :meth:`Mover.restore` before it.
+block for copies stored by content (taken from the tier once the copy landed, checked
+before a restore copies), one for the whole copy for those parked before keys. Those are
+still restored through ``copy(..., hash=True)``: a handler that can hashes each piece
+while it copies (host_copy: the piece is still in cache) and returns the checksum; one
+that cannot returns None, and :meth:`Mover.restore` hashes the tier itself.
 """
 
 from __future__ import annotations
@@ -218,21 +219,6 @@ class Mover:
         them, so it claims no checksum of them.
         """
         return tier.name in self.checksum_tiers and not isinstance(tier, BackendHeldTier)
-
-    def land(self, tier: HostTier, slots: Sequence[int], fused: str | None = None) -> str | None:
-        """After a copy into ``tier``: make it durable, return its checksum (or None).
-
-        ``fused``: the checksum the copy returned; taken here from the tier when None.
-        """
-        tier.flush()
-        if fused is not None and self.checksummed(tier):
-            return fused
-        return self.digest(tier, slots)
-
-    def digest(self, tier: HostTier, slots: Sequence[int]) -> str | None:
-        if self.checksummed(tier):
-            return checksum(tier, slots)
-        return None
 
     def restore(
         self,
