@@ -168,8 +168,9 @@ class DmaSettings(_Section):
     )
     hash_thread: bool = Field(
         False,
-        description="host_copy: hash the checksum on one more thread while the copy runs "
-        "(needs a free core; the copier hashes a span itself when that thread falls behind)",
+        description="host_copy: hash a whole copy's checksum on one more thread while it runs "
+        "(bench transfer, restores of copies parked before keys; parks digest each new block "
+        "once it landed); needs a free core",
     )
     native_copy: bool = Field(
         True,
