@@ -12,11 +12,15 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from sqlalchemy import select
 
+from agentpark import integrity
 from agentpark.config import Settings
 from agentpark.enums import State
 from agentpark.parking import PauseOrder
 from agentpark.runtime import Runtime
+from agentpark.store.db import open_database
+from agentpark.store.models import SessionRow
 
 BLOCK = 16
 PROMPT = [(i * 37) % 250 + 1 for i in range(3 * BLOCK + 5)]  # 3 whole blocks and a part
@@ -142,3 +146,44 @@ def test_a_damaged_shared_block_fails_every_reader_and_is_never_shared_again(
         kinds = [e.kind for e in runtime.parking.list_events("t", sid, 50)]
         assert "corrupt" in kinds and "recompute" in kinds  # caught, rebuilt from the log
     assert shm.find(keys) == []
+
+
+def test_a_copy_parked_before_keys_restores_after_the_upgrade(settings: Settings) -> None:
+    """A database and shm file from before blocks had keys: the handle lists slots only and
+    one checksum covers the copy (xxh3p). It re-attaches, verifies and restores as before,
+    and is never shared (its blocks have no key)."""
+    runtime = Runtime.start(settings)
+    try:
+        _new(runtime, "t", "old")
+        _pause(runtime, "t", "old")
+        live = runtime.parking.registry.find(("t", "old"))
+        assert live is not None
+        shm = runtime.parking.tiers["shm"]
+        legacy = integrity.checksum(shm, live.slots)  # the old definition, whole copy
+        slots = list(live.slots)
+    finally:
+        runtime.shutdown()
+    engine, _sessions = open_database(settings.database_url)
+    with engine.begin() as conn:
+        conn.execute(
+            SessionRow.__table__.update()  # type: ignore[attr-defined]
+            .where(SessionRow.session_id == "old")
+            .values(parked_handle={"slots": slots}, checksum=legacy)
+        )
+        row = conn.execute(select(SessionRow.parked_handle).where(SessionRow.session_id == "old"))
+        assert row.scalar_one() == {"slots": slots}
+    engine.dispose()
+    runtime = Runtime.start(settings)
+    try:
+        assert runtime.parking.get("t", "old").state == State.PARKED
+        shm = runtime.parking.tiers["shm"]
+        assert shm.used_blocks == len(slots) and shm.find([("t", b"x" * 32)]) == []
+        runtime.parking.create("t", "ref", None)
+        runtime.driver.generate("t", "ref", PROMPT, 4)
+        assert runtime.driver.generate("t", "old", [3], 6).tokens == (
+            runtime.driver.generate("t", "ref", [3], 6).tokens
+        )
+        kinds = [e.kind for e in runtime.parking.list_events("t", "old", 50)]
+        assert "resume" in kinds and "corrupt" not in kinds
+    finally:
+        runtime.shutdown()
