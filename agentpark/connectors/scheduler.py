@@ -45,6 +45,14 @@ class _Request:
     load_blocks: tuple[int, ...] = ()
 
 
+def _request_id(request: Request) -> str | None:
+    """vLLM's id of the request, for the daemon's events; None where the daemon's bound
+    refuses it (over 256 characters or a control character: a client's X-Request-Id)."""
+    rid = str(request.request_id)
+    printable = all(not ("\x00" <= ch <= "\x1f" or "\x7f" <= ch <= "\x9f") for ch in rid)
+    return rid if 0 < len(rid) <= 256 and printable else None
+
+
 def _answer(decision: str, why: str, record: _Request | None) -> dict[str, Any]:
     """What the response's ``kv_transfer_params`` says of the turn."""
     return {
@@ -92,6 +100,7 @@ class SchedulerSide:
             encode_tokens(tokens),
             session_id=params.session_id,
             num_computed=num_computed_tokens,
+            request_id=_request_id(request),
         )
         if answer is None or not answer.get("ok"):
             return 0, False
@@ -119,6 +128,7 @@ class SchedulerSide:
                 session_id=record.params.session_id,
                 start_block=start,
                 block_ids=list(block_ids[:end]),
+                request_id=_request_id(request),
             )
         if record is None or answer is None or not answer.get("ok"):
             # vLLM counted these tokens as loadable: say the blocks failed, it recomputes.
@@ -187,6 +197,7 @@ class SchedulerSide:
             block_ids=ids,
             tool=params.tool,
             expected_resume_s=params.expected_resume_s,
+            request_id=_request_id(request),
         )
         if answer is None:
             return False, _answer("kept", "the agentpark daemon did not answer", record)

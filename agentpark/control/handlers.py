@@ -211,6 +211,7 @@ class ControlOps:
             request.block_ids,
             only_tier=Tier.SHM,  # the worker maps the pool file only
             owner=conn.owner,
+            request_id=request.request_id,
         )
         return BeginLoadAnswer(
             load_id=plan.load_id,
@@ -254,6 +255,7 @@ class ControlOps:
             expected_resume_s=request.expected_resume_s,
             tier=Tier.SHM,
             owner=conn.owner,
+            request_id=request.request_id,
         )
         if not isinstance(result, StorePlan):
             return PrepareStoreAnswer(decision=result.decision, why=result.why)

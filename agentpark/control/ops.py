@@ -36,6 +36,7 @@ from agentpark.connectors.protocol import (
 __all__ = [
     "BLOB_OPS",
     "OPS",
+    "REQUEST_ID_RE",
     "BadRequest",
     "BeginLoadAnswer",
     "BeginLoadRequest",
@@ -53,6 +54,7 @@ __all__ = [
     "PrepareStoreRequest",
     "RegisterAnswer",
     "RegisterRequest",
+    "RequestId",
     "parse_request",
 ]
 
@@ -64,6 +66,9 @@ _COUNT = Annotated[int, Field(ge=0, le=2**31 - 1)]
 SessionId = Annotated[str, Field(min_length=1, max_length=128, pattern=SESSION_ID_RE.pattern)]
 Tool = Annotated[str, Field(min_length=1, max_length=128, pattern=TOOL_RE.pattern)]
 _NAME = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
+REQUEST_ID_RE = r"^[^\x00-\x1f\x7f-\x9f]{1,256}$"
+"""An engine's request id (vLLM's ``request_id``): printable, no control character."""
+RequestId = Annotated[str, Field(min_length=1, max_length=256, pattern=REQUEST_ID_RE)]
 
 
 class BadRequest(Exception):
@@ -161,6 +166,7 @@ class MatchRequest(_Request):
     op: Literal["match"]
     session_id: SessionId
     num_computed: _COUNT
+    request_id: RequestId | None = None
 
 
 class BeginLoadRequest(_Request):
@@ -168,6 +174,7 @@ class BeginLoadRequest(_Request):
     session_id: SessionId
     start_block: int = Field(ge=0, le=MAX_BLOCKS)
     block_ids: list[_BLOCK] = Field(min_length=1, max_length=MAX_BLOCKS)
+    request_id: RequestId | None = None
 
 
 class LoadDoneRequest(_Request):
@@ -183,6 +190,7 @@ class PrepareStoreRequest(_Request):
     block_ids: list[_BLOCK] = Field(max_length=MAX_BLOCKS)
     tool: Tool | None = None
     expected_resume_s: float | None = Field(None, ge=0.0, le=MAX_EXPECTED_RESUME_S)
+    request_id: RequestId | None = None
 
 
 class CompleteStoreRequest(_Request):

@@ -63,6 +63,9 @@ class LiveSession:
     slots: list[int] = field(default_factory=list)
     lock: SessionLock = field(default_factory=SessionLock)
     operation: str | None = None
+    # The engine's request the operation in progress serves (vLLM's request_id): the
+    # events it commits name it (agentpark.parking.events). Cleared when it lets go.
+    request_id: str | None = None
 
     @property
     def key(self) -> SessionKey:
@@ -248,7 +251,7 @@ class Registry:
     def release(self, live: LiveSession) -> None:
         lk = live.lock
         with lk.cond:
-            live.operation = None
+            live.operation, live.request_id = None, None
             lk.holder, lk.background, lk.detached = None, False, False
             lk.cond.notify_all()
         for hook in self.on_release:

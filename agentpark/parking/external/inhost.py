@@ -29,6 +29,7 @@ def park_turn(
     tool: str | None = None,
     expected_resume_s: float | None = None,
     tier: str = TierChoice.AUTO,
+    request_id: str | None = None,
 ) -> PauseResult:
     """A turn ended: keep it, or copy its blocks into a tier before returning (the engine
     may free them afterwards). A failed copy is a NOT_PARKED result."""
@@ -42,6 +43,7 @@ def park_turn(
         tool=tool,
         expected_resume_s=expected_resume_s,
         tier=tier,
+        request_id=request_id,
     )
     if isinstance(plan, PauseResult):
         return plan
@@ -64,6 +66,8 @@ def restore_prefix(
     session_id: str,
     tokens: Sequence[int],
     block_ids: Sequence[int],
+    *,
+    request_id: str | None = None,
 ) -> Restored:
     """Load the parked prefix of ``tokens`` into ``block_ids`` (the engine's blocks).
 
@@ -76,7 +80,9 @@ def restore_prefix(
         return Restored(0, None, "no whole block of the prefix is parked")
     try:
         source = core.endpoint()
-        plan = manager.prepare_load(tenant, session_id, tokens, 0, list(block_ids[:n]))
+        plan = manager.prepare_load(
+            tenant, session_id, tokens, 0, list(block_ids[:n]), request_id=request_id
+        )
     except AgentparkError as exc:
         return Restored(0, None, exc.message)
     tier = core.tiers[plan.tier]

@@ -84,6 +84,7 @@ class ExternalManager(Lookup):
         expected_resume_s: float | None = None,
         tier: str = TierChoice.AUTO,
         owner: str | None = None,
+        request_id: str | None = None,
     ) -> PauseResult | StorePlan:
         """A turn ended: record it (creating the session if new), then keep (a
         PauseResult) or plan a park (a StorePlan).
@@ -92,6 +93,7 @@ class ExternalManager(Lookup):
         session is PAUSING and held until :meth:`complete_store`; the engine must keep its
         blocks until it has copied them. Raises SessionBusyError when another operation
         holds the session, TierFullError when no tier has room (the turn is recorded).
+        ``request_id``: the engine's request whose turn ended; its events name it.
         """
         core = self.core
         needed = self.geometry.blocks_for(len(tokens))
@@ -102,6 +104,7 @@ class ExternalManager(Lookup):
             core.create(tenant, session_id, {"engine": "external"})
         live = core.live(tenant, session_id)
         core.registry.acquire(live, "pause")
+        live.request_id = request_id
         pending: list[EventRow] = []
         try:
             pending = core.transitions.turn(live, tokens, block_ids)
@@ -193,11 +196,13 @@ class ExternalManager(Lookup):
         block_ids: Sequence[int],
         only_tier: str | None = None,
         owner: str | None = None,
+        request_id: str | None = None,
     ) -> LoadPlan:
         """Take the parked copy for a load of its blocks ``start_block ..`` into
         ``block_ids[start_block:]`` (``block_ids``: the request's blocks from its first);
         the session is RESUMING and held until :meth:`complete_load`. ``only_tier``: the
-        copy must be in that tier (the only one the engine reads).
+        copy must be in that tier (the only one the engine reads). ``request_id``: the
+        engine's request the load serves; its events name it.
 
         InvalidStateError (or SessionBusyError) when the copy cannot serve that load now.
         """
@@ -206,6 +211,7 @@ class ExternalManager(Lookup):
         if live is None:
             raise InvalidStateError("no parked copy of this session")
         core.registry.acquire(live, "restore")
+        live.request_id = request_id
         try:
             row = live.row
             if row.state != State.PARKED or row.tier is None:
