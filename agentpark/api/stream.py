@@ -45,7 +45,11 @@ stream: `event: overflow` (the client read too slowly; resume with `Last-Event-I
 
 
 class EventStreamResponse(StreamingResponse):
-    media_type = "text/event-stream"
+    """``text/event-stream``; the route's ``response_class`` is plain StreamingResponse
+    (no media type of its own), so the spec keeps the errors as JSON."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, media_type="text/event-stream", **kwargs)
 
 
 _STREAM_ANSWER: dict[int | str, dict[str, Any]] = {
@@ -63,7 +67,7 @@ _STREAM_ANSWER: dict[int | str, dict[str, Any]] = {
 
 @router.get(
     "/v1/events/stream",
-    response_class=EventStreamResponse,
+    response_class=StreamingResponse,
     responses={
         **_STREAM_ANSWER,
         **error_responses(TooManyStreamsError, InvalidRequestError, NotReadyError, *AUTH_ERRORS),
