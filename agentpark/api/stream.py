@@ -48,8 +48,15 @@ class EventStreamResponse(StreamingResponse):
     """``text/event-stream``; the route's ``response_class`` is plain StreamingResponse
     (no media type of its own), so the spec keeps the errors as JSON."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, media_type="text/event-stream", **kwargs)
+    def __init__(
+        self,
+        content: AsyncIterator[str],
+        headers: dict[str, str] | None = None,
+        background: BackgroundTask | None = None,
+    ) -> None:
+        super().__init__(
+            content, headers=headers, media_type="text/event-stream", background=background
+        )
 
 
 _STREAM_ANSWER: dict[int | str, dict[str, Any]] = {

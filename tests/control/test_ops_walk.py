@@ -32,6 +32,7 @@ PLAN_ID = [*INT, 0, 2**60, MISSING]
 FLOAT = ["60", NAN, INF, -INF, 1e300, -1.0, 86_401, True, [], {}]
 SESSION = ["", "x" * 129, "t\ud800", "bad id!", 5, None, [], True, MISSING]
 TOOL = ["", "x" * 129, "t\ud800", "bad tool!", 5, []]
+REQUEST_ID = ["", "x" * 257, "r\ud800", "r\x00", "r\n", "r\x7f", "r\x85", 5, []]
 BOOL = ["false", "true", 0, 1, 1.0, None, [], MISSING]
 CHECKSUM = ["", "x" * 200, "xxh3:\ud800", "nocolon", 5, []]
 DETAIL = ["x" * 5000, "d\ud800", 5, []]
@@ -140,7 +141,11 @@ TABLE: dict[str, Row] = {
             {"op": "match", "session_id": "p", "num_computed": 0},
             encode_tokens([*PARKED, 1]),
         ),
-        {("session_id",): SESSION, ("num_computed",): [*INT, MISSING]},
+        {
+            ("session_id",): SESSION,
+            ("num_computed",): [*INT, MISSING],
+            ("request_id",): REQUEST_ID,
+        },
     ),
     "begin_load": Row(
         lambda ctx: (
@@ -151,6 +156,7 @@ TABLE: dict[str, Row] = {
             ("session_id",): SESSION,
             ("start_block",): [*INT, MISSING],
             ("block_ids",): [*BLOCKS, [], MISSING],
+            ("request_id",): REQUEST_ID,
         },
     ),
     "load_done": Row(
@@ -174,6 +180,7 @@ TABLE: dict[str, Row] = {
             ("block_ids",): [*BLOCKS, [5, 6], MISSING],
             ("tool",): TOOL,
             ("expected_resume_s",): FLOAT,
+            ("request_id",): REQUEST_ID,
         },
     ),
     "complete_store": Row(
