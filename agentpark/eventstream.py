@@ -19,11 +19,12 @@ import asyncio
 import collections
 import contextlib
 import threading
+from collections.abc import Callable
 
 from agentpark.errors import NotReadyError, TooManyStreamsError
 from agentpark.store.models import EventRow
 
-__all__ = ["EventHub", "Subscription"]
+__all__ = ["EventHub", "Subscription", "Waiter"]
 
 
 class Subscription:
@@ -84,6 +85,29 @@ class Subscription:
             self._loop.call_soon_threadsafe(self._wake.set)
 
 
+class Waiter:
+    """A request waiting for events naming an engine request (``GET /v1/requests/{id}``
+    with ``wait_s``): woken, never queued to, so it holds O(1) whatever is committed."""
+
+    def __init__(
+        self, tenant: str, match: Callable[[str], bool], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.tenant = tenant
+        self.match = match
+        self._loop = loop
+        self._wake = asyncio.Event()
+
+    def poke(self) -> None:
+        with contextlib.suppress(RuntimeError):  # its loop is gone: nobody waits
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until an event naming the request came (since the last wait) or ``timeout_s``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout_s)
+        self._wake.clear()
+
+
 class EventHub:
     """Subscriptions by tenant; :meth:`publish` is the core's event listener."""
 
@@ -93,6 +117,7 @@ class EventHub:
         self.max_queue = max_queue
         self.overflows = 0  # subscribers dropped for falling behind
         self._by_tenant: dict[str, set[Subscription]] = {}
+        self._waiters: dict[str, set[Waiter]] = {}
         self._count = 0
         self._closed = False
         self._lock = threading.Lock()
@@ -131,15 +156,38 @@ class EventHub:
             if not mine:
                 del self._by_tenant[sub.tenant]
 
+    def waiter(self, tenant: str, match: Callable[[str], bool]) -> Waiter:
+        """A waiter for ``tenant``'s events whose request id ``match``es, on this loop."""
+        waiter = Waiter(tenant, match, asyncio.get_running_loop())
+        with self._lock:
+            self._waiters.setdefault(tenant, set()).add(waiter)
+        return waiter
+
+    def remove_waiter(self, waiter: Waiter) -> None:
+        with self._lock:
+            mine = self._waiters.get(waiter.tenant)
+            if mine is not None:
+                mine.discard(waiter)
+                if not mine:
+                    del self._waiters[waiter.tenant]
+
     def publish(self, event: EventRow) -> None:
         """Hand a committed event to its tenant's subscribers (the core's listener)."""
         with self._lock:
             subs = list(self._by_tenant.get(event.tenant, ()))
+            waiters = list(self._waiters.get(event.tenant, ())) if event.request_id else []
+        for waiter in waiters:
+            if event.request_id is not None and waiter.match(event.request_id):
+                waiter.poke()
         for sub in subs:
             if not sub.push(event):
                 with self._lock:
                     self.overflows += sub.overflowed
                 self.unsubscribe(sub)
+
+    def waiting(self, tenant: str) -> int:
+        with self._lock:
+            return len(self._waiters.get(tenant, ()))
 
     def subscribers(self, tenant: str | None = None) -> int:
         with self._lock:

@@ -13,12 +13,14 @@ id the client saw followed by vLLM's suffix; the newest such request when severa
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from agentpark.enums import EventKind, RestoredFrom, Tier
 from agentpark.errors import RequestNotFoundError
+from agentpark.eventstream import EventHub
 from agentpark.schemas.sessions import EventOut
 from agentpark.schemas.turns import TurnDecision, TurnOut
 from agentpark.store.models import EventRow
@@ -87,6 +89,7 @@ def build_turn(events: Sequence[EventRow], block_size: int, block_nbytes: int) -
         session_id=first.session_id,
         started_at=_at(first.at),
         ended_at=_at(last.at),
+        ended=end is not None,
         decision=decision,
         why=why,
         restored_tokens=restored_tokens,
@@ -124,15 +127,42 @@ class Turns:
 
     def of_request(self, tenant: str, asked: str) -> TurnOut:
         """The turn of the request a client knows as ``asked``; RequestNotFoundError."""
+        turn = self.find(tenant, asked)
+        if turn is None:
+            raise RequestNotFoundError(asked)
+        return turn
+
+    def find(self, tenant: str, asked: str) -> TurnOut | None:
+        """:meth:`of_request`, None for a request no event names."""
         found = [
             e
             for e in self.store.request_events(tenant, asked, _EVENTS_PER_LOOKUP)
             if e.request_id is not None and sees(asked, e.request_id)
         ]
         if not found:
-            raise RequestNotFoundError(asked)
+            return None
         newest = found[-1].request_id
         return self._turn([e for e in found if e.request_id == newest])
+
+    async def ended(self, hub: EventHub, tenant: str, asked: str, wait_s: float) -> TurnOut:
+        """:meth:`of_request` once the turn's end is recorded, waiting up to ``wait_s``
+        for it (woken by the events that name the request, never polling); after that,
+        what is recorded by then (RequestNotFoundError for nothing)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        waiter = hub.waiter(tenant, lambda request_id: sees(asked, request_id))
+        try:  # registered before the first read: an event committed meanwhile wakes it
+            while True:
+                turn = await asyncio.to_thread(self.find, tenant, asked)
+                left = deadline - loop.time()
+                if (turn is not None and turn.ended) or left <= 0:
+                    break
+                await waiter.wait(left)
+        finally:
+            hub.remove_waiter(waiter)
+        if turn is None:
+            raise RequestNotFoundError(asked)
+        return turn
 
     def _turn(self, events: Sequence[EventRow]) -> TurnOut:
         return build_turn(events, self.block_size, self.block_nbytes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from agentpark.api.deps import AUTH_ERRORS, Caller, SessionsCaller
@@ -14,7 +14,10 @@ from agentpark.errors import InvalidRequestError, RequestNotFoundError, SessionN
 from agentpark.schemas.turns import TurnOut, TurnPage
 from agentpark.turns import MAX_TURNS, Turns
 
-__all__ = ["router"]
+__all__ = ["MAX_WAIT_S", "router"]
+
+MAX_WAIT_S = 30.0
+"""The longest ``GET /v1/requests/{id}?wait_s=`` waits for a turn's end."""
 
 router = APIRouter(tags=["turns"], responses=error_responses(*AUTH_ERRORS))
 
@@ -54,6 +57,7 @@ async def list_turns(
 )
 async def get_request(
     caller: SessionsCaller,
+    request: Request,
     request_id: Annotated[
         str,
         Path(
@@ -63,9 +67,21 @@ async def get_request(
             "completion's `id` (`chatcmpl-...`) names the request vLLM ran",
         ),
     ],
+    wait_s: Annotated[
+        float,
+        Query(
+            ge=0.0,
+            le=MAX_WAIT_S,
+            description="wait up to this long for the turn's end to be recorded (the "
+            "engine copies a parked turn just after the answer's last chunk)",
+        ),
+    ] = 0.0,
 ) -> TurnOut:
     """What agentpark did for one engine request (vLLM's); 404 ``request_not_found`` when
     no event names it (it named no session, has not reached agentpark yet, or its
-    events were pruned)."""
+    events were pruned). With ``wait_s``, the answer comes as soon as the turn's end is
+    recorded (``ended``), or after ``wait_s`` with what is recorded by then."""
     turns = _turns(caller)
+    if wait_s > 0:
+        return await turns.ended(request.app.state.streams, caller.tenant, request_id, wait_s)
     return await run_in_threadpool(turns.of_request, caller.tenant, request_id)

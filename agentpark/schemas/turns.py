@@ -36,6 +36,10 @@ class TurnOut(BaseModel):
     session_id: str
     started_at: datetime = Field(description="its first event")
     ended_at: datetime = Field(description="its last event")
+    ended: bool = Field(
+        description="the turn's end (parked, kept or not_parked) is recorded; false while "
+        "the engine still runs or copies it"
+    )
     decision: TurnDecision
     why: str | None = Field(description="the reason recorded with the decision")
     restored_tokens: int = Field(description="prefix tokens loaded from a parked copy")

@@ -44,9 +44,11 @@ class StandInEngine:
         *,
         tool: str | None = "search",
         expected_resume_s: float | None = 60.0,
+        copy: bool = True,
     ) -> dict[str, Any]:
         """The request finished: ``prepare_store``, and when parked the worker's copy and
-        ``complete_store``. Returns the final answer (decision and why)."""
+        ``complete_store`` (unless not ``copy``: :meth:`copy` does it later). Returns the
+        final answer (decision and why), or the plan."""
         blocks = list(range(100, 100 + len(tokens) // BLOCK))
         plan = self.call(
             "prepare_store",
@@ -57,9 +59,13 @@ class StandInEngine:
             expected_resume_s=expected_resume_s,
             request_id=request_id,
         )
-        if plan["decision"] != "parked":
+        if plan["decision"] != "parked" or not copy:
             return plan
-        self.worker.write(plan["slots"], seed=len(tokens))
+        return self.copy(plan, len(tokens))
+
+    def copy(self, plan: dict[str, Any], n_tokens: int) -> dict[str, Any]:
+        """The worker's copy of a planned park, reported: ``complete_store``'s answer."""
+        self.worker.write(plan["slots"], seed=n_tokens)
         checksum = self.worker.checksum(plan["slots"])
         return self.call("complete_store", store_id=plan["store_id"], ok=True, checksum=checksum)
 

@@ -4,6 +4,7 @@ control socket."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from agentpark.config import Settings
 from tests.api.standin import BLOCK, StandInEngine, vllm_mode
-from tests.harness import InProcessApp, bearer
+from tests.harness import InProcessApp, bearer, wait_until
 
 # vLLM's ids: the client sees chatcmpl-<id>, the engine runs chatcmpl-<id>-<8 hex>.
 FIRST, SECOND = "chatcmpl-aaa-0123abcd", "chatcmpl-bbb-89efcdab"
@@ -102,6 +103,39 @@ def test_a_request_is_found_by_the_id_its_client_saw(tenant: Callable[[str], Ten
     # A prefix that is not the client's whole id names nothing.
     for near in ("chatcmpl-bb", "chatcmpl-bbb-89ef", "chatcmpl"):
         assert a.http.get(f"/v1/requests/{near}").status_code == 404, near
+
+
+def test_a_get_with_wait_s_answers_once_the_turns_end_is_recorded(
+    daemon: InProcessApp, tenant: Callable[[str], Tenant]
+) -> None:
+    a = tenant("a")
+    assert a.engine.end_turn("agent", TOKENS, FIRST)["decision"] == "parked"
+    a.engine.start_turn("agent", [*TOKENS, 5, 6, 7], SECOND)  # restored: the answer streams
+    longer = list(range(1, 4 * BLOCK + 1))
+    plan = a.engine.end_turn("agent", longer, SECOND, copy=False)  # the copy is still due
+    now = a.http.get("/v1/requests/chatcmpl-bbb").json()
+    assert (now["ended"], now["decision"]) == (False, "restored")
+    answers: list[httpx.Response] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(
+            a.http.get("/v1/requests/chatcmpl-bbb", params={"wait_s": 30})
+        )
+    )
+    waiting.start()
+    hub = daemon.app.state.streams
+    wait_until(lambda: hub.waiting("a") == 1)
+    a.engine.copy(plan, len(longer))
+    waiting.join(timeout=30)
+    assert not waiting.is_alive() and answers[0].status_code == 200
+    turn = answers[0].json()
+    assert (turn["ended"], turn["decision"], turn["restored_tokens"]) == (True, "parked", 3 * BLOCK)
+    assert hub.waiting("a") == 0
+    # A turn whose end never comes: the wait runs out and says what is recorded.
+    a.engine.start_turn("agent", [*longer, 9], "chatcmpl-ccc-00112233")
+    late = a.http.get("/v1/requests/chatcmpl-ccc", params={"wait_s": 0.2}).json()
+    assert (late["ended"], late["decision"]) == (False, "restored")
+    gone = a.http.get("/v1/requests/chatcmpl-none", params={"wait_s": 0.2})
+    assert gone.status_code == 404
 
 
 def test_a_kept_turn_says_why_as_the_connector_was_told(tenant: Callable[[str], Tenant]) -> None:
