@@ -78,7 +78,7 @@ def build_turn(events: Sequence[EventRow], block_size: int, block_nbytes: int) -
             why = start.detail
     if end is not None:
         decision = _END[EventKind(end.kind)]
-        why = end.detail if end.kind != EventKind.PAUSE else f"{end.reason}: parked"
+        why = end.detail if end.kind != EventKind.PAUSE else _parked_why(end)
     tool = None
     if end is not None and end.kind == EventKind.PAUSE and (end.detail or "").startswith("tool="):
         tool = (end.detail or "")[len("tool=") :]
@@ -103,6 +103,12 @@ def build_turn(events: Sequence[EventRow], block_size: int, block_nbytes: int) -
         tokens=int(found.group(1)) if found else None,
         events=[EventOut.of(e) for e in events],
     )
+
+
+def _parked_why(event: EventRow) -> str:
+    """A pause event records its tier and reason, not the advisor's words (kept ones do)."""
+    why = f"parked into the {event.to_tier} tier ({event.reason})"
+    return f"{why}, {event.detail}" if event.detail else why
 
 
 def _opt_from(tier: str | None) -> RestoredFrom | None:
