@@ -84,5 +84,5 @@ def test_a_streamed_answer_under_kv_pressure_is_told_by_one_get_of_its_chunk_id(
     assert turn["restored_tokens"] > 0 and turn["restored_from"] == "shm", (turn, events)
     assert turn["tool"] == "read_file" and turn["park_bytes"] > 0
     turns = daemon.get(f"/v1/sessions/{names[0]}/turns")["turns"]
-    assert [t["request_id"] for t in turns][0] == turn["request_id"] and len(turns) == 2
+    assert len(turns) == 2 and turns[0]["request_id"] == turn["request_id"]
     assert turns[1]["restored_tokens"] == 0  # its first turn had nothing parked yet
