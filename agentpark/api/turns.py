@@ -16,7 +16,7 @@ from agentpark.turns import MAX_TURNS, Turns
 
 __all__ = ["MAX_WAIT_S", "router"]
 
-MAX_WAIT_S = 30.0
+MAX_WAIT_S = 10.0
 """The longest ``GET /v1/requests/{id}?wait_s=`` waits for a turn's end."""
 
 router = APIRouter(tags=["turns"], responses=error_responses(*AUTH_ERRORS))

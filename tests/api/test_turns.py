@@ -118,7 +118,7 @@ def test_a_get_with_wait_s_answers_once_the_turns_end_is_recorded(
     answers: list[httpx.Response] = []
     waiting = threading.Thread(
         target=lambda: answers.append(
-            a.http.get("/v1/requests/chatcmpl-bbb", params={"wait_s": 30})
+            a.http.get("/v1/requests/chatcmpl-bbb", params={"wait_s": 10})
         )
     )
     waiting.start()
