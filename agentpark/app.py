@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from agentpark import __version__
-from agentpark.api import admin, dashboard, host, metrics, sessions, tokens, vllm
+from agentpark.api import admin, dashboard, host, metrics, sessions, stream, tokens, turns, vllm
 from agentpark.api.auth_limit import AuthLimiter
 from agentpark.api.deps import SpecLimits, served_spec
 from agentpark.api.handlers import AllowMiddleware, BodyLimitMiddleware, install_error_handlers
@@ -23,10 +23,11 @@ from agentpark.api.timing import ServerTimingMiddleware
 from agentpark.auth import Gate, TokenStore, is_loopback
 from agentpark.config import Settings
 from agentpark.errors import AgentparkError, ConfigError
+from agentpark.eventstream import EventHub
 from agentpark.runtime import Runtime
 from agentpark.statedir import StateLock
 
-__all__ = ["create_app", "freeze_heap"]
+__all__ = ["create_app", "end_streams", "freeze_heap"]
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,11 @@ def create_app(
             app.state.startup_error = exc
             raise
         app.state.runtime = runtime
+        caps = settings.limits
+        app.state.streams = EventHub(
+            caps.max_streams, caps.max_streams_per_tenant, caps.stream_queue_events
+        )
+        runtime.parking.add_listener(app.state.streams.publish)
         tokens = TokenStore.open(settings.database_url)
         app.state.gate = Gate(tokens, anonymous=anonymous)
         limits = settings.auth
@@ -123,6 +129,7 @@ def create_app(
         finally:
             if hup:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            end_streams(app)
             runtime.sampler.stop()
             warm.join()
             try:
@@ -141,6 +148,8 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     routers = (
         sessions.router,
+        turns.router,
+        stream.router,
         host.router,
         admin.router,
         tokens.router,
@@ -158,6 +167,18 @@ def create_app(
     )
     app.add_middleware(ServerTimingMiddleware)  # outermost of ours: it times them too
     return app
+
+
+def end_streams(app: FastAPI) -> None:
+    """End every event stream (``GET /v1/events/stream``): the daemon is stopping.
+
+    Whoever runs the server calls it as its shutdown begins (uvicorn waits for open
+    responses before the lifespan ends, and a stream never ends by itself); the lifespan
+    calls it again, for servers that do not.
+    """
+    hub: EventHub | None = getattr(app.state, "streams", None)
+    if hub is not None:
+        hub.close()
 
 
 def _serve_the_spec_of_the_running_mode(app: FastAPI, anonymous: bool) -> None:

@@ -54,6 +54,7 @@ __all__ = [
     "NotReadyError",
     "PayloadTooLargeError",
     "PoolFullError",
+    "RequestNotFoundError",
     "SessionBusyError",
     "SessionExistsError",
     "SessionNotFoundError",
@@ -61,6 +62,7 @@ __all__ = [
     "TenantHeaderError",
     "TierFullError",
     "TokenNotFoundError",
+    "TooManyStreamsError",
     "TransferError",
     "UnauthenticatedError",
 ]
@@ -192,6 +194,19 @@ class TokenNotFoundError(NotFoundError):
         super().__init__(f"token {token_id!r} not found", token_id=token_id)
 
 
+class RequestNotFoundError(NotFoundError):
+    """No event of the caller's tenant names this engine request (yet, or any more)."""
+
+    code = "request_not_found"
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"no turn of request {request_id!r}: agentpark recorded nothing for it (it "
+            "named no session, has not ended, or its events were pruned)",
+            request_id=request_id,
+        )
+
+
 class ConflictError(AgentparkError):
     """The request clashes with the session's current state."""
 
@@ -267,6 +282,16 @@ class AuthThrottledError(AgentparkError):
             "a valid token is still accepted",
             retry_after_s=retry_after_s,
         )
+
+
+class TooManyStreamsError(AgentparkError):
+    """Every event-stream subscription allowed (the tenant's, or the daemon's) is taken."""
+
+    status = 429
+    code = "too_many_streams"
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message, limit=limit, retry_after_s=5)
 
 
 class CapacityError(AgentparkError):

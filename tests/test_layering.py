@@ -68,6 +68,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "agentpark.metrics",
             "agentpark.cleanup",
             "agentpark.control",
+            "agentpark.turns",
+            "agentpark.eventstream",
         ),
     ),
     # The part factories (one composition root), then the daemon they make.

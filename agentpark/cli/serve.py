@@ -4,6 +4,7 @@ non-loopback address without a token."""
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -13,8 +14,15 @@ from agentpark.config import Settings
 
 if TYPE_CHECKING:
     import uvicorn
+    from fastapi import FastAPI
 
-__all__ = ["add_serve_command", "run_serve", "tokens_allow_bind", "uvicorn_config"]
+__all__ = [
+    "add_serve_command",
+    "daemon_server",
+    "run_serve",
+    "tokens_allow_bind",
+    "uvicorn_config",
+]
 
 
 def add_serve_command(commands: Commands, sub: Subparsers[argparse.ArgumentParser]) -> None:
@@ -58,9 +66,23 @@ def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
     return config
 
 
-def run_serve(args: argparse.Namespace) -> int:
+def daemon_server(config: uvicorn.Config, app: FastAPI) -> uvicorn.Server:
+    """A uvicorn server for ``app`` (create_app's, ``config``'s too) that ends its event
+    streams as its shutdown begins: uvicorn waits for open responses before the
+    lifespan ends, and a stream only ends when told (agentpark.app.end_streams)."""
     import uvicorn
 
+    from agentpark.app import end_streams
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            end_streams(app)
+            await super().shutdown(sockets)
+
+    return _Server(config)
+
+
+def run_serve(args: argparse.Namespace) -> int:
     from agentpark.app import create_app
     from agentpark.dma import select_transfer
     from agentpark.statedir import StateLock
@@ -83,7 +105,7 @@ def run_serve(args: argparse.Namespace) -> int:
             return 2
         app = create_app(settings, args.config or env_config(), state_lock=lock)
         config = uvicorn_config(app, settings)
-        daemon = uvicorn.Server(config)
+        daemon = daemon_server(config, app)
         app.state.request_shutdown = lambda: setattr(daemon, "should_exit", True)
         # What start-up made lives as long as the daemon: out of the GC once warm (the
         # app's warm-up freezes it; agentpark.app.freeze_heap says why).

@@ -243,6 +243,18 @@ class LimitSettings(_Section):
         le=3600.0,
         description="a request waits this long for the daemon's own work on its session",
     )
+    max_streams: int = Field(
+        64, ge=1, le=100_000, description="event streams open at once, all tenants; 429"
+    )
+    max_streams_per_tenant: int = Field(
+        8, ge=1, le=100_000, description="event streams one tenant may hold open; 429"
+    )
+    stream_queue_events: int = Field(
+        1024, ge=1, le=1_000_000, description="events one stream may fall behind; then dropped"
+    )
+    stream_keepalive_s: float = Field(
+        15.0, gt=0.0, le=3600.0, description="an idle event stream sends a comment this often"
+    )
 
 
 class AuthSettings(_Section):

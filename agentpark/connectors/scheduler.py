@@ -50,6 +50,14 @@ class _Request:
     load_blocks: tuple[int, ...] = ()
 
 
+def _request_id(request: Request) -> str | None:
+    """vLLM's id of the request, for the daemon's events; None where the daemon's bound
+    refuses it (over 256 characters or a control character: a client's X-Request-Id)."""
+    rid = str(request.request_id)
+    printable = all(not ("\x00" <= ch <= "\x1f" or "\x7f" <= ch <= "\x9f") for ch in rid)
+    return rid if 0 < len(rid) <= 256 and printable else None
+
+
 def _answer(
     decision: str, why: str, record: _Request | None, hints: tuple[str, ...] = ()
 ) -> dict[str, Any]:
@@ -122,6 +130,7 @@ class SchedulerSide:
             session_id=params.session_id,
             num_computed=num_computed_tokens,
             **block_keys(request),
+            request_id=_request_id(request),
         )
         if answer is None or not answer.get("ok"):
             return 0, False
@@ -150,6 +159,7 @@ class SchedulerSide:
                 start_block=start,
                 block_ids=list(block_ids[:end]),
                 **block_keys(request),
+                request_id=_request_id(request),
             )
         if record is None or answer is None or not answer.get("ok"):
             # vLLM counted these tokens as loadable: say the blocks failed, it recomputes.
@@ -245,6 +255,7 @@ class SchedulerSide:
             tool=params.tool,
             expected_resume_s=params.expected_resume_s,
             **block_keys(request),
+            request_id=_request_id(request),
         )
         if answer is None:
             return False, _answer("kept", self.client.last_miss, record)

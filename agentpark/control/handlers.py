@@ -217,6 +217,7 @@ class ControlOps:
             only_tier=Tier.SHM,  # the worker maps the pool file only
             owner=conn.owner,
             extra=request.extra(),
+            request_id=request.request_id,
         )
         return BeginLoadAnswer(
             load_id=plan.load_id,
@@ -260,6 +261,7 @@ class ControlOps:
             tier=Tier.SHM,
             owner=conn.owner,
             extra=request.extra(),
+            request_id=request.request_id,
         )
         if not isinstance(result, StorePlan):
             return PrepareStoreAnswer(decision=result.decision, why=result.why)

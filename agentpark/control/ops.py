@@ -38,6 +38,7 @@ from agentpark.parking.external.lookup import RequestKeys
 __all__ = [
     "BLOB_OPS",
     "OPS",
+    "REQUEST_ID_RE",
     "BadRequest",
     "BeginLoadAnswer",
     "BeginLoadRequest",
@@ -57,6 +58,7 @@ __all__ = [
     "RegisterRequest",
     "ReleaseAnswer",
     "ReleaseRequest",
+    "RequestId",
     "parse_request",
 ]
 
@@ -71,6 +73,9 @@ _NAME = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-
 _DIGEST = Annotated[
     str, Field(min_length=3, max_length=160, pattern=r"^[a-z0-9]{1,16}:[0-9a-f]{1,128}$")
 ]
+REQUEST_ID_RE = r"^[^\x00-\x1f\x7f-\x9f]{1,256}$"
+"""An engine's request id (vLLM's ``request_id``): printable, no control character."""
+RequestId = Annotated[str, Field(min_length=1, max_length=256, pattern=REQUEST_ID_RE)]
 
 
 class BadRequest(Exception):
@@ -187,12 +192,14 @@ class _Keyed(_Request):
 class MatchRequest(_Keyed):
     op: Literal["match"]
     num_computed: _COUNT
+    request_id: RequestId | None = None
 
 
 class BeginLoadRequest(_Keyed):
     op: Literal["begin_load"]
     start_block: int = Field(ge=0, le=MAX_BLOCKS)
     block_ids: list[_BLOCK] = Field(min_length=1, max_length=MAX_BLOCKS)
+    request_id: RequestId | None = None
 
 
 class LoadDoneRequest(_Request):
@@ -207,6 +214,7 @@ class PrepareStoreRequest(_Keyed):
     block_ids: list[_BLOCK] = Field(max_length=MAX_BLOCKS)
     tool: Tool | None = None
     expected_resume_s: float | None = Field(None, ge=0.0, le=MAX_EXPECTED_RESUME_S)
+    request_id: RequestId | None = None
 
 
 class CompleteStoreRequest(_Request):

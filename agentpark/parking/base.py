@@ -71,7 +71,7 @@ class CoreBase:
         self.mover = mover
         self.options = options or CoreOptions()
         self.registry = Registry(self.options.background_yield_s)
-        self.events = EventLog(store)
+        self.events = EventLog(store, self._request_of)
         self.transitions = Transitions(self.events, self.registry.tally, mover, host)
         # The engine's blocks, where the core may claim and fill them (an in-process engine).
         self.engine: EngineHost | None = host if isinstance(host, EngineHost) else None
@@ -103,6 +103,11 @@ class CoreBase:
     def close(self) -> None:
         """Wait for background copies (wait=false pauses and resumes) to finish."""
         self._background.shutdown(wait=True)
+
+    def _request_of(self, row: SessionRow) -> str | None:
+        """The engine's request the session's operation in progress serves, if any."""
+        live = self.registry.find((row.tenant, row.session_id))
+        return None if live is None else live.request_id
 
     def _count(self, event: EventRow) -> None:
         self._tally.add(event)

@@ -4,6 +4,11 @@ it explains, then handed to the listeners (metrics, learned tool pauses, counter
 Listeners added after start-up first see the events start-up wrote (sessions lost to a
 restart), so metrics count those too. A listener that raises is logged, never fatal.
 
+An event of an operation that serves an engine's request (a live session's
+``request_id``, set by agentpark.parking.external) names that request: :class:`EventLog`
+stamps it on every event it writes for the session while the operation holds it, so the
+transitions that build events need not know of requests.
+
 A commit the database refuses puts the row back as it was last written and raises
 StorageUnavailableError (503): the caller undoes the rest of its step (blocks, slots,
 tokens), so memory and the database agree on what happened: nothing.
@@ -12,7 +17,7 @@ tokens), so memory and the database agree on what happened: nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from agentpark.enums import EventKind, Reason
 from agentpark.errors import StorageUnavailableError
@@ -24,13 +29,16 @@ __all__ = ["EventListener", "EventLog"]
 log = logging.getLogger(__name__)
 
 EventListener = Callable[[EventRow], None]
+RequestOf = Callable[[SessionRow], str | None]
+"""The request a session's operation in progress serves, if any (the core's registry)."""
 
 DETAIL_LIMIT = 1024  # events.detail is a String(1024)
 
 
 class EventLog:
-    def __init__(self, store: SessionStore) -> None:
+    def __init__(self, store: SessionStore, request_of: RequestOf | None = None) -> None:
         self.store = store
+        self._request_of = request_of
         self._listeners: list[EventListener] = []
         self._startup: list[EventRow] | None = []
 
@@ -73,6 +81,7 @@ class EventLog:
 
     def insert(self, row: SessionRow, event: EventRow) -> None:
         """Write a new session with its first event, then notify."""
+        self._stamp(row, (event,))
         self.store.insert(row, event)
         self._notify(event)
 
@@ -81,6 +90,7 @@ class EventLog:
 
         Refused by the database: the row is put back as last written, and it raises.
         """
+        self._stamp(row, events)
         try:
             self.store.save(row, *events)
         except StorageUnavailableError:
@@ -94,6 +104,15 @@ class EventLog:
         self.store.save(row, *events)
         if self._startup is not None:
             self._startup.extend(events)
+
+    def _stamp(self, row: SessionRow, events: Sequence[EventRow]) -> None:
+        """Name the request the session's operation serves on events that name none."""
+        request_id = None if self._request_of is None else self._request_of(row)
+        if request_id is None:
+            return
+        for event in events:
+            if event.request_id is None:
+                event.request_id = request_id
 
     def failure(
         self,

@@ -81,6 +81,10 @@ class LiveSession:
         """What the parked copy must hash to: a digest per block, or one for the copy."""
         return self.digests if self.digests is not None else self.row.checksum
 
+    # The engine's request the operation in progress serves (vLLM's request_id): the
+    # events it commits name it (agentpark.parking.events). Cleared when it lets go.
+    request_id: str | None = None
+
     @property
     def key(self) -> SessionKey:
         return (self.row.tenant, self.row.session_id)
@@ -265,7 +269,7 @@ class Registry:
     def release(self, live: LiveSession) -> None:
         lk = live.lock
         with lk.cond:
-            live.operation = None
+            live.operation, live.request_id = None, None
             lk.holder, lk.background, lk.detached = None, False, False
             lk.cond.notify_all()
         for hook in self.on_release:

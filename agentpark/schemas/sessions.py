@@ -245,6 +245,8 @@ class EventRecord(Protocol):
     def reason(self) -> str | None: ...
     @property
     def detail(self) -> str | None: ...
+    @property
+    def request_id(self) -> str | None: ...
 
 
 class SessionOut(BaseModel):
@@ -365,6 +367,7 @@ class EventOut(BaseModel):
     to_tier: Tier | None
     reason: Reason | None
     detail: str | None
+    request_id: str | None = Field(None, description="the engine's request it served")
 
     @classmethod
     def of(cls, row: EventRecord) -> EventOut:
@@ -381,6 +384,7 @@ class EventOut(BaseModel):
             to_tier=_opt(Tier, row.to_tier),
             reason=_opt(Reason, row.reason),
             detail=row.detail,
+            request_id=row.request_id,
         )
 
 

@@ -80,6 +80,8 @@ class EventRow(Base):
         Index("ix_events_kind_detail_id", "kind", "detail", "id"),
         # Purging a session finds its events (and SQLite's SET NULL action does) by key.
         Index("ix_events_session_seq", "session_seq"),
+        # "What happened to this request": its events by the engine's request id.
+        Index("ix_events_tenant_request", "tenant", "request_id", "id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -98,6 +100,9 @@ class EventRow(Base):
     # Why: explicit (an API call), idle, pressure, drain, prefetch, demote, restart, ...
     reason: Mapped[str | None] = mapped_column(String(32))
     detail: Mapped[str | None] = mapped_column(String(1024))
+    # The engine's id of the request whose turn this event is part of (vLLM's
+    # request_id); null for the daemon's own work and for REST callers.
+    request_id: Mapped[str | None] = mapped_column(String(256))
 
 
 class HostSampleRow(Base):

@@ -27,10 +27,13 @@ from sqlalchemy import (
     Connection,
     Engine,
     Table,
+    and_,
     bindparam,
     delete,
+    func,
     insert,
     inspect,
+    or_,
     select,
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -218,6 +221,57 @@ class SessionStore:
             if session_id is not None:
                 stmt = stmt.where(EventRow.session_id == session_id)
             return db.scalars(stmt.order_by(EventRow.id.desc()).limit(limit)).all()
+
+    def events_after(self, tenant: str, after_id: int, limit: int) -> Sequence[EventRow]:
+        """The tenant's events with id > ``after_id``, oldest first, up to ``limit``
+        (an event stream resumed from its last id)."""
+        with self._factory() as db:
+            stmt = select(EventRow).where(EventRow.tenant == tenant, EventRow.id > after_id)
+            return db.scalars(stmt.order_by(EventRow.id).limit(limit)).all()
+
+    def last_request_ids(self, tenant: str, session_id: str, limit: int) -> list[str]:
+        """The request ids of a session's newest ``limit`` turns, newest first."""
+        last = func.max(_EVENTS.c.id).label("last")
+        stmt = (
+            select(_EVENTS.c.request_id, last)
+            .where(
+                _EVENTS.c.tenant == tenant,
+                _EVENTS.c.session_id == session_id,
+                _EVENTS.c.request_id.is_not(None),
+            )
+            .group_by(_EVENTS.c.request_id)
+            .order_by(last.desc())
+            .limit(limit)
+        )
+        with self._engine.connect() as conn:
+            return [str(rid) for rid, _ in conn.execute(stmt)]
+
+    def events_of_requests(self, tenant: str, request_ids: Sequence[str]) -> Sequence[EventRow]:
+        """Every event of these request ids, oldest first."""
+        if not request_ids:
+            return []
+        with self._factory() as db:
+            stmt = select(EventRow).where(
+                EventRow.tenant == tenant, EventRow.request_id.in_(request_ids)
+            )
+            return db.scalars(stmt.order_by(EventRow.id)).all()
+
+    def request_events(self, tenant: str, request_id: str, limit: int) -> Sequence[EventRow]:
+        """The newest ``limit`` events whose request id is ``request_id`` or starts with
+        ``request_id + "-"`` (a range of the (tenant, request_id) index), oldest first."""
+        with self._factory() as db:
+            stmt = select(EventRow).where(
+                EventRow.tenant == tenant,
+                or_(
+                    EventRow.request_id == request_id,
+                    and_(
+                        EventRow.request_id >= request_id + "-",
+                        EventRow.request_id < request_id + ".",  # "." follows "-"
+                    ),
+                ),
+            )
+            found = db.scalars(stmt.order_by(EventRow.id.desc()).limit(limit)).all()
+        return list(reversed(found))
 
     def tool_returns(self, per_tool: int) -> list[EventRow]:
         """The newest ``per_tool`` tool_return events of each tool, oldest first.

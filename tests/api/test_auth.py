@@ -59,6 +59,9 @@ SCOPE: dict[tuple[str, str], Scope] = {
     ("POST", f"{SESSION}/resume"): Scope.SESSIONS,
     ("POST", f"{SESSION}/move"): Scope.SESSIONS,
     ("GET", "/v1/events"): Scope.SESSIONS,
+    ("GET", "/v1/events/stream"): Scope.SESSIONS,
+    ("GET", f"{SESSION}/turns"): Scope.SESSIONS,
+    ("GET", "/v1/requests/{request_id}"): Scope.SESSIONS,
     ("GET", "/v1/host"): Scope.OPERATOR,
     ("GET", "/v1/host/history"): Scope.OPERATOR,
     ("GET", "/v1/host/latency"): Scope.OPERATOR,
@@ -113,8 +116,13 @@ def route_table(tmp_path_factory: pytest.TempPathFactory) -> set[tuple[str, str]
     return routes(app)
 
 
+# Query strings that make a route answer and end (the event stream follows forever).
+QUERIES = {("GET", "/v1/events/stream"): "?follow=false"}
+
+
 def _url(path: str, session_id: str) -> str:
-    return path.replace("{session_id}", session_id).replace("{token_id}", "0123456789ab")
+    path = path.replace("{session_id}", session_id).replace("{token_id}", "0123456789ab")
+    return path.replace("{request_id}", "chatcmpl-unknown")
 
 
 def _call(
@@ -124,7 +132,8 @@ def _call(
     headers: dict[str, str] | None = None,
 ) -> httpx.Response:
     method, path = route
-    return http.request(method, _url(path, session_id), json=BODIES.get(route), headers=headers)
+    url = _url(path, session_id) + QUERIES.get(route, "")
+    return http.request(method, url, json=BODIES.get(route), headers=headers)
 
 
 @pytest.fixture
@@ -226,7 +235,7 @@ def test_another_tenants_token_sees_404_and_never_the_sessions_data(
     owner.generate("secret-session", prompt_tokens=[5, 6, 7], max_new_tokens=2)
     intruder = shared_app.client("intruder")
     one_session = [r for r in sorted(route_table) if "{session_id}" in r[1]]
-    assert len(one_session) == 6
+    assert len(one_session) == 7
     for route in one_session:
         answer = _call(http, route, "secret-session", bearer(intruder.token))
         assert answer.status_code == 404, (route, answer.text)

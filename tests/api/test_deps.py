@@ -51,7 +51,7 @@ def test_every_hot_route_solves_one_caller_and_nothing_else(tmp_path: Path) -> N
         if any(key[1] == p or key[1].startswith(p + "/") for p in HOT)
         and not key[1].startswith("/v1/host/")  # the dashboard's views: not hot
     }
-    assert len(hot) == 11, sorted(hot)
+    assert len(hot) == 13, sorted(hot)
     for key, route in hot.items():
         assert _nodes(route.dependant) == MOST_NODES, key
 

@@ -83,6 +83,13 @@ _OWN_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
         500: {"transfer_failed"},
     },
     ("GET", "/v1/events"): BAD_REQUEST,
+    ("GET", "/v1/events/stream"): {
+        422: {"invalid_request"},
+        429: {"too_many_streams", "auth_throttled"},
+        503: {"not_ready"},
+    },
+    ("GET", f"{SESSION}/turns"): {404: {"session_not_found"}, 422: {"invalid_request"}},
+    ("GET", "/v1/requests/{request_id}"): {404: {"request_not_found"}, 422: {"invalid_request"}},
     ("GET", "/v1/host"): {},
     ("GET", "/v1/host/history"): BAD_REQUEST,
     ("GET", "/v1/host/latency"): BAD_REQUEST,
@@ -105,7 +112,7 @@ REQUIRED_ERRORS = {
 }
 
 # Routes whose answer is text, not JSON.
-TEXT_ROUTES = {("GET", "/metrics"), ("GET", "/dashboard")}
+TEXT_ROUTES = {("GET", "/metrics"), ("GET", "/dashboard"), ("GET", "/v1/events/stream")}
 # Routes that answer with no body at all.
 NO_CONTENT = {("DELETE", SESSION)}
 # Fields free-form by nature: what the caller stored, and an error's details.

@@ -43,6 +43,7 @@ LORA = [
 ]
 KEYED = {("session_id",): SESSION, ("cache_salt",): SALT, ("lora",): LORA}
 TOOL = ["", "x" * 129, "t\ud800", "bad tool!", 5, []]
+REQUEST_ID = ["", "x" * 257, "r\ud800", "r\x00", "r\n", "r\x7f", "r\x85", 5, []]
 BOOL = ["false", "true", 0, 1, 1.0, None, [], MISSING]
 DIGESTS = [["", "x"], ["x" * 200], ["xxh3b:\ud800"], ["nocolon"], [5], "xxh3b:00", 5, [[]]]
 DETAIL = ["x" * 5000, "d\ud800", 5, []]
@@ -151,7 +152,7 @@ TABLE: dict[str, Row] = {
             {"op": "match", "session_id": "p", "num_computed": 0},
             encode_tokens([*PARKED, 1]),
         ),
-        {**KEYED, ("num_computed",): [*INT, MISSING]},
+        {**KEYED, ("num_computed",): [*INT, MISSING], ("request_id",): REQUEST_ID},
     ),
     "begin_load": Row(
         lambda ctx: (
@@ -162,6 +163,7 @@ TABLE: dict[str, Row] = {
             **KEYED,
             ("start_block",): [*INT, MISSING],
             ("block_ids",): [*BLOCKS, [], MISSING],
+            ("request_id",): REQUEST_ID,
         },
     ),
     "load_done": Row(
@@ -185,6 +187,7 @@ TABLE: dict[str, Row] = {
             ("block_ids",): [*BLOCKS, [5, 6], MISSING],
             ("tool",): TOOL,
             ("expected_resume_s",): FLOAT,
+            ("request_id",): REQUEST_ID,
         },
     ),
     "complete_store": Row(

@@ -23,6 +23,7 @@ from fastapi import FastAPI
 
 from agentpark.app import create_app
 from agentpark.auth import Scope
+from agentpark.cli.serve import daemon_server
 from agentpark.config import Settings
 from agentpark.runtime import Runtime
 from tests.harness.inprocess import SESSIONS_AND_OPERATOR, bearer, make_token
@@ -83,7 +84,7 @@ def start_daemon(settings: Settings, config_path: Path | None = None) -> Daemon:
     port = sock.getsockname()[1]
     app = create_app(settings, config_path, anonymous=True)  # bound to 127.0.0.1 below
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = daemon_server(config, app)
     app.state.request_shutdown = lambda: setattr(server, "should_exit", True)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

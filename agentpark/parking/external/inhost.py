@@ -31,6 +31,7 @@ def park_turn(
     expected_resume_s: float | None = None,
     tier: str = TierChoice.AUTO,
     extra: RequestKeys = NO_EXTRA,
+    request_id: str | None = None,
 ) -> PauseResult:
     """A turn ended: keep it, or copy the blocks the tier lacks before returning (the
     engine may free them afterwards). A failed copy is a NOT_PARKED result."""
@@ -45,6 +46,7 @@ def park_turn(
         expected_resume_s=expected_resume_s,
         tier=tier,
         extra=extra,
+        request_id=request_id,
     )
     if isinstance(plan, PauseResult):
         return plan
@@ -71,6 +73,8 @@ def restore_prefix(
     tokens: Sequence[int],
     block_ids: Sequence[int],
     extra: RequestKeys = NO_EXTRA,
+    *,
+    request_id: str | None = None,
 ) -> Restored:
     """Load the parked prefix of ``tokens`` into ``block_ids`` (the engine's blocks).
 
@@ -84,7 +88,15 @@ def restore_prefix(
         return Restored(0, None, "no whole block of the prefix is parked")
     try:
         source = core.endpoint()
-        plan = manager.prepare_load(tenant, session_id, tokens, 0, list(block_ids[:n]), extra=extra)
+        plan = manager.prepare_load(
+            tenant,
+            session_id,
+            tokens,
+            0,
+            list(block_ids[:n]),
+            extra=extra,
+            request_id=request_id,
+        )
     except AgentparkError as exc:
         return Restored(0, None, exc.message)
     tier = core.tiers[plan.tier]

@@ -45,12 +45,15 @@ class Loads(Lookup):
         only_tier: str | None = None,
         owner: str | None = None,
         extra: RequestKeys = NO_EXTRA,
+        request_id: str | None = None,
     ) -> LoadPlan:
         """Parked blocks ``start_block ..`` of ``tokens``'s prefix for the engine's
         ``block_ids[start_block:]`` (``block_ids``: the request's blocks from its first).
         A session whose own copy serves it is RESUMING and held until
         :meth:`complete_load`. ``only_tier``: the blocks must be in that tier (the only one
         the engine reads).
+
+        ``request_id``: the engine's request the load serves; its events name it.
 
         InvalidStateError (or SessionBusyError) when the blocks cannot serve that load now.
         """
@@ -72,6 +75,7 @@ class Loads(Lookup):
         core = self.core
         if live is not None:
             core.registry.acquire(live, "restore")
+            live.request_id = request_id
         try:
             if live is not None:
                 if live.row.state != State.PARKED or live.slots[:end] != found.slots:
@@ -104,6 +108,7 @@ class Loads(Lookup):
                 list(tokens[: end * self.geometry.block_size]),
                 owner,
                 own=live is not None,
+                request_id=request_id,
             )
         return plan
 
@@ -182,6 +187,7 @@ class Loads(Lookup):
             return  # its own operation writes its row; the counters have the tokens
         nbytes = len(load.plan.slots) * self.geometry.block_nbytes
         with self.core.registry.operation(live, "restore"):
+            live.request_id = load.request_id
             self.core.transitions.restored_by_content(
                 live, load.tier.name, nbytes, load.started, tokens
             )

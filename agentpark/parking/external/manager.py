@@ -88,6 +88,7 @@ class ExternalManager(Loads):
         tier: str = TierChoice.AUTO,
         owner: str | None = None,
         extra: RequestKeys = NO_EXTRA,
+        request_id: str | None = None,
     ) -> PauseResult | StorePlan:
         """A turn ended: record it (creating the session if new; ``session_id`` None: an
         anonymous one), then keep (a PauseResult) or plan a park (a StorePlan).
@@ -97,6 +98,7 @@ class ExternalManager(Loads):
         blocks until it has copied those the plan says. Raises SessionBusyError when
         another operation holds the session, TierFullError when no tier has room (the
         turn is recorded).
+        ``request_id``: the engine's request whose turn ended; its events name it.
         """
         core = self.core
         needed = self.geometry.blocks_for(len(tokens))
@@ -111,6 +113,7 @@ class ExternalManager(Loads):
             core.create(tenant, session_id, {"engine": "external"})
         live = core.live(tenant, session_id)
         core.registry.acquire(live, "pause")
+        live.request_id = request_id
         pending: list[EventRow] = []
         try:
             pending = core.transitions.turn(live, tokens, block_ids)

@@ -133,5 +133,6 @@ class LoadInFlight:
     tokens: list[int]  # the request's tokens up to the end of the loaded blocks
     owner: str | None = None  # who may finish it (a control connection); None: anyone
     own: bool = False  # the session's own parked copy (restored), else blocks by content
+    request_id: str | None = None  # the engine's request it serves (its events name it)
     started: float = field(default_factory=time.perf_counter)
     created: float = field(default_factory=time.monotonic)
