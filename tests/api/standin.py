@@ -65,9 +65,10 @@ class StandInEngine:
 
     def copy(self, plan: dict[str, Any], n_tokens: int) -> dict[str, Any]:
         """The worker's copy of a planned park, reported: ``complete_store``'s answer."""
-        self.worker.write(plan["slots"], seed=n_tokens)
-        checksum = self.worker.checksum(plan["slots"])
-        return self.call("complete_store", store_id=plan["store_id"], ok=True, checksum=checksum)
+        fresh = [s for s, new in zip(plan["slots"], plan["fresh"], strict=True) if new]
+        self.worker.write(fresh, seed=n_tokens)
+        digests = self.worker.digests(fresh)
+        return self.call("complete_store", store_id=plan["store_id"], ok=True, digests=digests)
 
     def start_turn(self, session_id: str, tokens: list[int], request_id: str) -> dict[str, Any]:
         """A new request of the session: ``match``, then the load of what matched into

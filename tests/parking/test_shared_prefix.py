@@ -87,7 +87,7 @@ def test_sessions_sharing_prefix_blocks_each_restore_only_their_evicted_tail(
         plan = manager.prepare_load(TENANT, name, turn, SHARED, block_ids)
         tier = manager.core.tiers[plan.tier]
         assert manager.core.mover.restore(
-            tier, plan.slots, plan.parked_slots, manager.core.endpoint(), fresh, plan.checksum
+            tier, plan.slots, plan.slots, manager.core.endpoint(), fresh, list(plan.digests)
         )
         restored = manager.complete_load(plan.load_id, True)
         assert restored.tokens == 3 * BLOCK
