@@ -11,12 +11,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from agentpark.config import Settings
 from agentpark.connectors.client import ControlClient
 from agentpark.connectors.protocol import Layout
 from agentpark.status import print_status
+from tests.api.test_dashboard import (  # the reference engine's browser test's tools
+    Chromium,
+    chromium,  # noqa: F401  (the session fixture)
+    lookup,
+    parse_html,
+    same_number,
+)
 from tests.connectors.conftest import TENANT, ControlDaemon
 from tests.control.test_control import BLOCK, _park, _register
 from tests.harness import Daemon
@@ -160,3 +168,55 @@ def test_delete_ends_a_vllm_conversation_and_frees_its_parked_copy(
         control.service.driver.core.check_invariants()
     finally:
         control.client.close()
+
+
+@pytest.mark.timeout(1200)  # a fresh machine installs chromium first
+def test_the_dashboard_in_chromium_shows_vllms_figures(
+    chromium: Chromium,  # noqa: F811
+    make_settings: Callable[..., Settings],
+    daemon_factory: Callable[[Settings], Daemon],
+    shm_dir: Path,
+    tmp_path: Path,
+) -> None:
+    daemon, control = _vllm_daemon(make_settings, daemon_factory, shm_dir)
+    try:
+        _, worker = _register(control, SMALL)
+        tokens = [list(range(s, s + 3 * BLOCK)) for s in (1, 1000)]
+        for n, prompt in enumerate(tokens):
+            _park(control, worker, f"p{n}", prompt, seed=n)
+        _kept_turn(control, "live", [0])
+        control.service.degraded.count("slow", 2)
+        control.service.degraded.count("pool_full")
+        turn2 = [*tokens[0], 5]
+        control.call("match", turn2, tenant=TENANT, session_id="p0", num_computed=0)
+        load = control.call(
+            "begin_load", turn2, tenant=TENANT, session_id="p0", start_block=0, block_ids=[1, 2, 3]
+        )
+        assert load["ok"] and control.call("load_done", load_id=load["load_id"], ok=True)["ok"]
+    finally:
+        control.client.close()
+    host = daemon.client.get("/v1/host").json()
+    page = f"{daemon.url}/dashboard#range=900"
+    nodes = list(parse_html(chromium.dump_dom(page)).walk())
+
+    (body,) = [n for n in nodes if n.tag == "body"]
+    assert body.attrs["data-state"] == "ready", "the page's script did not finish a refresh"
+    shown = {
+        n.attrs["data-figure"]: n.attrs["data-value"]
+        for n in nodes
+        if n.attrs.get("data-source") == "host" and "data-value" in n.attrs
+    }
+    for path in ("pool.total_blocks", "pool.used_blocks", "sessions.active", "active_tokens"):
+        assert same_number(shown[path], lookup(host, path)), path
+    assert shown["pool.total_blocks"] == str(ENGINE_BLOCKS) and shown["pool.used_blocks"] == "4"
+    assert shown["counters.prefill_tokens_avoided"] == str(3 * BLOCK)
+
+    def text(node_id: str) -> str:
+        return next(n for n in nodes if n.attrs.get("id") == node_id).all_text().strip()
+
+    held = host["reclaimed_bytes"] + host["pool"]["used_bytes"]
+    assert text("reclaimed-share") == f"{100 * host['reclaimed_bytes'] / held:.1f}%" == "42.9%"
+    assert text("degraded-slow") == "2" and text("degraded-other") == "1"
+    assert text("oldest-parked").endswith(" s")
+    chromium.screenshot(page, tmp_path / "dashboard-vllm.png", 1400, 1000)
+    assert (tmp_path / "dashboard-vllm.png").stat().st_size > 10_000
