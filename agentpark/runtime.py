@@ -100,7 +100,10 @@ class Runtime:
         listen = f"{settings.server.host}:{settings.server.port}"
 
         def snapshot() -> HostSnapshot:
-            return core.snapshot(ready=ready.is_set(), listen=listen)
+            view = core.snapshot(ready=ready.is_set(), listen=listen)
+            if vllm is not None:
+                view.degraded = vllm.degraded.total()
+            return view
 
         metrics = Metrics(snapshot, core.live_sessions, host_label(settings))
         core.add_listener(metrics.observe)
@@ -137,9 +140,12 @@ class Runtime:
     def host_snapshot(self) -> HostSnapshot:
         """What this daemon holds now (``GET /v1/host``, metrics, history, status)."""
         server = self.settings.server
-        return self.parking.snapshot(
+        view = self.parking.snapshot(
             ready=self.ready.is_set(), listen=f"{server.host}:{server.port}"
         )
+        if self.vllm is not None:
+            view.degraded = self.vllm.degraded.total()
+        return view
 
     def warm_up(self) -> None:
         """Compile the engine's and the restore path's shapes, then report ready (/readyz)."""

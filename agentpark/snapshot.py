@@ -68,3 +68,16 @@ class HostSnapshot(BaseModel):
     )
     draining: bool
     counters: Counters
+    active_tokens: int = Field(
+        0, description="tokens of the active sessions' KV in the engine (vLLM: their last turns)"
+    )
+    oldest_parked_s: float | None = Field(
+        None,
+        description="seconds since the longest-untouched parked session's last turn (what "
+        "policy.parked_ttl_s counts); null: nothing parked",
+    )
+    degraded: dict[str, int] | None = Field(
+        None,
+        description="vLLM mode: requests connectors served without agentpark since start, "
+        "by cause (slow: the answer came after the connector's budget); null: no vLLM",
+    )

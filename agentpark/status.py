@@ -16,8 +16,10 @@ from rich.console import Console
 from rich.table import Table
 
 from agentpark.client import AgentparkAPIError, AgentparkClient
+from agentpark.enums import State
+from agentpark.snapshot import HostSnapshot
 
-__all__ = ["human_bytes", "print_status"]
+__all__ = ["degraded_line", "human_bytes", "parked_line", "print_status", "reclaimed_line"]
 
 _M = TypeVar("_M")
 
@@ -25,6 +27,29 @@ _M = TypeVar("_M")
 def human_bytes(n: float) -> str:
     """Binary units, pydantic's way: ``0B``, ``12.0KiB``, ``1.5GiB``."""
     return ByteSize(int(n)).human_readable()
+
+
+def reclaimed_line(host: HostSnapshot) -> str:
+    """Parked bytes and their share of all sessions' KV (in the pool or parked): at most
+    100%, unlike a share of the pool, which parked copies in tiers can exceed many times."""
+    held = host.reclaimed_bytes + host.pool.used_bytes
+    share = host.reclaimed_bytes / held if held else 0.0
+    return f"{human_bytes(host.reclaimed_bytes)} ({100 * share:.1f}% of sessions' KV)"
+
+
+def parked_line(host: HostSnapshot) -> str:
+    """How many sessions are parked and how long the oldest has waited (the TTL's clock)."""
+    count = host.sessions.get(State.PARKED.value, 0)
+    if host.oldest_parked_s is None:
+        return f"{count} sessions"
+    return f"{count} sessions, oldest untouched {host.oldest_parked_s:.0f} s"
+
+
+def degraded_line(counts: dict[str, int]) -> str:
+    """``slow`` (answered after the budget) apart from the rest (daemon down, refused...)."""
+    slow = counts.get("slow", 0) + counts.get("timeout", 0)
+    other = sum(counts.values()) - slow
+    return f"{slow} slow, {other} other"
 
 
 def print_status(url: str, console: Console | None = None, *, token: str | None = None) -> int:
@@ -57,11 +82,15 @@ def print_status(url: str, console: Console | None = None, *, token: str | None 
             f"{pool.used_blocks}/{pool.total_blocks} blocks "
             f"({human_bytes(pool.used_bytes)} of {human_bytes(pool.total_bytes)})",
         )
-        share = host.reclaimed_bytes / pool.total_bytes if pool.total_bytes else 0.0
+        summary.add_row("HBM reclaimed (parked now)", reclaimed_line(host))
         summary.add_row(
-            "HBM reclaimed (parked now)",
-            f"{human_bytes(host.reclaimed_bytes)} ({100 * share:.1f}% of the pool)",
+            "active now",
+            f"{host.sessions.get(State.ACTIVE.value, 0)} sessions, "
+            f"{host.active_tokens} tokens in the engine",
         )
+        summary.add_row("parked now", parked_line(host))
+        if host.degraded is not None:
+            summary.add_row("vLLM turns served without agentpark", degraded_line(host.degraded))
         for name, tier in host.tiers.items():
             summary.add_row(
                 f"tier {name}",
@@ -81,6 +110,8 @@ def print_status(url: str, console: Console | None = None, *, token: str | None 
     counters.add_column("counter")
     counters.add_column("value", justify="right")
     for name, value in host.counters.model_dump(exclude_unset=True).items():  # as sent
+        if name == "tokens_generated" and host.dma_backend == "external":
+            continue  # vLLM generates them: this daemon does not see its output tokens
         shown = human_bytes(value) if name.startswith("bytes") else str(value)
         counters.add_row(name.replace("_", " "), shown)
     console.print(counters)

@@ -219,7 +219,7 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         "policy.prefetch_lead_s": "1",
         "policy.tool_quantile": "0.9",
         "policy.tool_window": "8",
-        "policy.parked_ttl_s": "3600",
+        "policy.parked_ttl_s": "7200",
         "policy.tools": '{"web_search": {"expected_pause_s": 8}}',
         "vllm.enabled": "true",
         "vllm.pool_capacity": "64MiB",

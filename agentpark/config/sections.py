@@ -127,11 +127,14 @@ class PolicySettings(_Section):
     )
     tool_window: int = Field(64, ge=1, le=100_000, description="observations kept per tool")
     parked_ttl_s: float = Field(
-        0.0,
+        3600.0,
         ge=0.0,
         le=31_536_000.0,
         description="drop a parked copy untouched this long (lost, recomputed on the next "
-        "turn); 0: never",
+        "turn); 0: never. Default 1 h: an agent's tool pause (seconds to minutes) or a "
+        "user's reply (minutes) comes well inside it, and past an hour recomputing the "
+        "prefix costs less than holding its KV in host memory for a turn that may never "
+        "come",
     )
     tools: dict[str, ToolPolicySettings] = Field(default_factory=dict)
 

@@ -211,9 +211,20 @@
     var ready = document.getElementById("ready");
     ready.textContent = host.draining ? "draining" : (host.ready ? "ready" : "warming up");
     ready.className = "badge " + (host.ready && !host.draining ? "ready" : "warming");
-    var total = host.pool.total_bytes;
+    // A share of all sessions' KV (in the pool or parked), so never above 100%: parked
+    // copies in host tiers can outgrow the pool many times over.
+    var held = host.reclaimed_bytes + host.pool.used_bytes;
     document.getElementById("reclaimed-share").textContent =
-      total ? (100 * host.reclaimed_bytes / total).toFixed(1) + "%" : "–";
+      held ? (100 * host.reclaimed_bytes / held).toFixed(1) + "%" : "–";
+    var oldest = host.oldest_parked_s;
+    document.getElementById("oldest-parked").textContent =
+      oldest === null || oldest === undefined ? "–" : Math.round(oldest) + " s";
+    var degraded = host.degraded;
+    var slow = degraded ? (degraded.slow || 0) + (degraded.timeout || 0) : null;
+    var other = 0;
+    if (degraded) Object.keys(degraded).forEach(function (k) { other += degraded[k]; });
+    document.getElementById("degraded-slow").textContent = degraded ? String(slow) : "–";
+    document.getElementById("degraded-other").textContent = degraded ? String(other - slow) : "–";
     var tiers = document.getElementById("tiers");
     tiers.textContent = "";
     Object.keys(host.tiers).forEach(function (name) {

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from agentpark import __version__
@@ -75,6 +80,11 @@ class HostCollector(Collector):
         sessions = GaugeMetricFamily(
             "agentpark_sessions", "Live sessions by state.", labels=("host", "state")
         )
+        avoided = CounterMetricFamily(
+            "agentpark_prefill_tokens_avoided",
+            "Prompt tokens an engine did not recompute: restored from a parked copy.",
+            labels=("host",),
+        )
         if view is not None:
             info.add_metric([h, __version__, view.dma_backend, view.model_uid], {})
             ready.add_metric([h], 1.0 if view.ready else 0.0)
@@ -96,6 +106,7 @@ class HostCollector(Collector):
                     family.add_metric([h, name], getattr(figures, key))
             for state, count in sorted(view.sessions.items()):
                 sessions.add_metric([h, state], count)
+            avoided.add_metric([h], view.counters.prefill_tokens_avoided)
         yield info
         yield ready
         yield pool_blocks
@@ -105,3 +116,4 @@ class HostCollector(Collector):
         yield parked
         yield from tier_gauges.values()
         yield sessions
+        yield avoided

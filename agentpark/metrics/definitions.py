@@ -35,6 +35,7 @@ agentpark_parked_bytes                                      gauge      tier
 agentpark_tier_capacity_bytes / _used_bytes                 gauge      tier
 agentpark_tier_capacity_blocks / _used_blocks               gauge      tier
 agentpark_sessions                                          gauge      state
+agentpark_prefill_tokens_avoided_total                      counter
 agentpark_events_total                                      counter    kind
 agentpark_pauses_total                                      counter    reason, tier
 agentpark_resumes_total                                     counter    source, reason
@@ -116,6 +117,7 @@ METRIC_NAMES = (
     "agentpark_tier_capacity_blocks",
     "agentpark_tier_used_blocks",
     "agentpark_sessions",
+    "agentpark_prefill_tokens_avoided_total",
     "agentpark_events_total",
     "agentpark_pauses_total",
     "agentpark_resumes_total",

@@ -302,7 +302,20 @@ class CoreBase:
             sessions=sessions,
             draining=self.draining,
             counters=self.counters.model_copy(),
+            **self._held_figures(),
         )
+
+    def _held_figures(self) -> dict[str, Any]:
+        """Tokens the active sessions hold in the engine, and how long the longest-untouched
+        parked session has waited (the TTL's clock)."""
+        active, parked = 0, []
+        for live in self.registry.all():
+            if live.row.state == State.ACTIVE:
+                active += len(live.tokens)
+            elif live.row.state == State.PARKED:
+                parked.append(live.row.last_active_at)
+        oldest = max(0.0, time.time() - min(parked)) if parked else None
+        return {"active_tokens": active, "oldest_parked_s": oldest}
 
     # ---- shared steps -------------------------------------------------------------------
 

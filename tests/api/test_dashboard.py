@@ -606,8 +606,11 @@ def test_status_prints_the_dashboards_headline_figures(
     console = Console(record=True, width=160, force_terminal=False, color_system=None)
     assert print_status(daemon.url, console) == 0
     out = console.export_text()
-    share = 100 * host["reclaimed_bytes"] / host["pool"]["total_bytes"]
-    assert f"{human_bytes(host['reclaimed_bytes'])} ({share:.1f}% of the pool)" in out
+    held = host["reclaimed_bytes"] + host["pool"]["used_bytes"]
+    share = 100 * host["reclaimed_bytes"] / held
+    assert f"{human_bytes(host['reclaimed_bytes'])} ({share:.1f}% of sessions' KV)" in out
+    assert host["oldest_parked_s"] is not None and host["degraded"] is None
+    assert "1 sessions, oldest untouched" in out
     pause_row = next(line for line in out.splitlines() if line.strip("│ ").startswith("pause"))
     assert human_ms(latency["pause"]["p50_ms"]) in pause_row
     assert human_ms(latency["pause"]["p99_ms"]) in pause_row

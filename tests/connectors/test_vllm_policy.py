@@ -245,8 +245,9 @@ def test_a_parked_copy_past_its_ttl_is_dropped_counted_and_the_next_turn_recompu
     core.check_invariants()
 
 
-def test_the_ttl_is_off_by_default(tmp_path: Path) -> None:
-    assert Settings(state_dir=tmp_path).policy.parked_ttl_s == 0.0
+def test_parked_copies_expire_after_an_hour_by_default(tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path)
+    assert settings.policy.parked_ttl_s == 3600.0 and settings.policy.enabled
 
 
 def test_a_copy_on_disk_survives_a_daemon_restart_and_is_promoted_after_it(

@@ -158,6 +158,7 @@ def test_break_even_pause_decision(
 
 
 TTL = CFG.model_copy(update={"parked_ttl_s": 600.0})
+OFF = CFG.model_copy(update={"parked_ttl_s": 0.0})
 
 
 @pytest.mark.parametrize(
@@ -165,7 +166,7 @@ TTL = CFG.model_copy(update={"parked_ttl_s": 600.0})
     [
         (1600.0, view(state="parked", tier="shm"), TTL, Drop(("t", "s"))),  # exactly the ttl
         (1599.0, view(state="parked", tier="disk"), TTL, None),  # not yet
-        (9e9, view(state="parked", tier="dram"), CFG, None),  # 0: off
+        (9e9, view(state="parked", tier="dram"), OFF, None),  # 0: off
         (9e9, view(state="parked", tier="shm", busy=True), TTL, None),  # an operation has it
         (9e9, view(state="active"), TTL, None),  # KV in the engine: not the ttl's
         (9e9, view(state="lost", kv_blocks=0), TTL, None),  # nothing left to drop
