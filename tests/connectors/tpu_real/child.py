@@ -79,8 +79,7 @@ def main(raw: str) -> dict[str, Any]:
             load["load_id"],
             args["targets"],
             load["slots"],
-            load["parked_slots"],
-            load["checksum"],
+            load["digests"] if any(load["digests"]) else None,
             load["pool_id"],
         )
         report["invalid"] = sorted(worker.run_loads([meta]))
