@@ -80,8 +80,10 @@ def build_turn(events: Sequence[EventRow], block_size: int, block_nbytes: int) -
         decision = _END[EventKind(end.kind)]
         why = end.detail if end.kind != EventKind.PAUSE else _parked_why(end)
     tool = None
-    if end is not None and end.kind == EventKind.PAUSE and (end.detail or "").startswith("tool="):
-        tool = (end.detail or "")[len("tool=") :]
+    if end is not None and end.kind == EventKind.PAUSE:
+        # A pause's detail: "tool=NAME", then "shared=N" when the tier held some blocks.
+        words = (end.detail or "").split(" ")
+        tool = next((w[len("tool=") :] for w in words if w.startswith("tool=")), None)
     found = _TOKENS.search(turn.detail or "") if turn is not None else None
     parked = end is not None and end.kind == EventKind.PAUSE
     return TurnOut(

@@ -212,3 +212,32 @@ def _frames(text: str) -> list[dict[str, Any]]:
             fields["data"] = json.loads(fields["data"])
             frames.append(fields)
     return frames
+
+
+def test_a_parked_turn_names_its_tool_also_when_the_tier_shared_some_blocks() -> None:
+    """A pause's detail is ``tool=NAME`` and, when the tier held some of its blocks by
+    content, `` shared=N``: the turn's tool is the name alone."""
+    from agentpark.store.models import EventRow
+    from agentpark.turns import build_turn
+
+    ids = iter(range(1, 100))
+
+    def event(kind: str, detail: str | None, **kw: Any) -> EventRow:
+        return EventRow(
+            id=next(ids),
+            tenant="t",
+            session_id="s",
+            kind=kind,
+            at=1.0,
+            detail=detail,
+            request_id="r",
+            **kw,
+        )
+
+    for detail, tool in (("tool=read_file shared=2", "read_file"), ("shared=2", None)):
+        turn = build_turn(
+            [event("turn", "tokens=32 blocks=2"), event("pause", detail, to_tier="shm", bytes=8)],
+            BLOCK,
+            4,
+        )
+        assert (turn.decision, turn.tool, turn.parked_tier) == ("parked", tool, "shm")
