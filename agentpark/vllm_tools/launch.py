@@ -22,6 +22,8 @@ import importlib.util
 import json
 import os
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -143,10 +145,44 @@ def serve(
         return 0
     if not vllm_installed():
         raise ConfigError(f"vLLM is not installed in {sys.executable}: {INSTALL_HINT}")
+    if daemon_url is not None:
+        refused = daemon_refusal(daemon_url, token)
+        if refused is not None:  # said before vLLM starts, not in its log minutes later
+            print(f"agentpark: {refused}", file=sys.stderr, flush=True)
+            return 2
     where = "without a connector" if daemon_url is None else f"with the daemon at {daemon_url}"
     print(f"agentpark: starting vLLM {where}: {model}", file=sys.stderr, flush=True)
     os.execve(sys.executable, argv, env)
     raise AssertionError("unreachable: execve returned")  # pragma: no cover
+
+
+def daemon_refusal(daemon_url: str, token: str | None, timeout_s: float = 5.0) -> str | None:
+    """Why the daemon at ``daemon_url`` will not take this vLLM's connector, in one line
+    naming the fix; None when it serves vLLM (``GET /v1/vllm`` answers 200)."""
+    request = urllib.request.Request(f"{daemon_url.rstrip('/')}/v1/vllm")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError as exc:
+        if exc.code == 409:
+            return (
+                f"the daemon at {daemon_url} does not serve vLLM: restart it with "
+                "`AGENTPARK_VLLM__ENABLED=true agentpark serve` (or [vllm] enabled = true); "
+                "--no-connector runs vLLM without agentpark"
+            )
+        if exc.code in (401, 403):
+            return (
+                f"the daemon at {daemon_url} refused the token ({exc.code}): pass --token "
+                "(or AGENTPARK_TOKEN) with the sessions scope"
+            )
+        return f"the daemon at {daemon_url} answered GET /v1/vllm with {exc.code}"
+    except (OSError, ValueError) as exc:
+        return (
+            f"no agentpark daemon answers at {daemon_url} ({exc}): start it with "
+            "`AGENTPARK_VLLM__ENABLED=true agentpark serve`, or pass --daemon URL"
+        )
 
 
 def vllm_installed() -> bool:

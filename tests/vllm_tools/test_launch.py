@@ -7,13 +7,14 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import agentpark
 from agentpark import cli
-from agentpark.config import load_settings
+from agentpark.config import Settings, load_settings
 from agentpark.errors import ConfigError
 from agentpark.vllm_tools import launch
 from agentpark.vllm_tools.launch import (
@@ -25,6 +26,7 @@ from agentpark.vllm_tools.launch import (
     vllm_env,
 )
 from agentpark.vllm_tools.model import ModelSpec
+from tests.harness import Daemon, free_port, tiny_settings
 
 ROOT = str(Path(agentpark.__file__).resolve().parent.parent)
 # vLLM's own flags, some odd on purpose: they must arrive exactly as given.
@@ -188,3 +190,44 @@ def test_make_model_refuses_a_non_empty_dir_before_importing_torch(
     (tmp_path / "keep.txt").write_text("mine")
     assert cli.main(["make-model", str(tmp_path)]) == 2
     assert "is not empty" in capsys.readouterr().err
+
+
+def test_the_launcher_says_in_one_line_why_a_daemon_will_not_take_the_connector(
+    make_settings: Callable[..., Settings],
+    daemon_factory: Callable[[Settings], Daemon],
+    tmp_path: Path,
+    shm_dir: Path,
+) -> None:
+    """Before vLLM starts (not in its log minutes later): a daemon not serving vLLM, a token
+    it refuses, no daemon at all; each names the fix. A vLLM daemon: nothing said."""
+    reference = daemon_factory(make_settings())
+    why = launch.daemon_refusal(reference.url, None)
+    assert why is not None and "does not serve vLLM" in why
+    assert "AGENTPARK_VLLM__ENABLED=true agentpark serve" in why and "\n" not in why
+    serving = daemon_factory(
+        tiny_settings(tmp_path / "vllm-state", shm_dir, vllm={"enabled": True})
+    )
+    assert launch.daemon_refusal(serving.url, None) is None
+    why = launch.daemon_refusal(serving.url, "apk_bad_token")  # a token no daemon made
+    assert why is not None and "--token" in why
+    closed = f"http://127.0.0.1:{free_port()}"
+    why = launch.daemon_refusal(closed, None, timeout_s=2.0)
+    assert why is not None and why.startswith(f"no agentpark daemon answers at {closed}")
+
+
+def test_serve_refuses_before_starting_vllm_when_the_daemon_will_not_take_it(
+    make_settings: Callable[..., Settings],
+    daemon_factory: Callable[[Settings], Daemon],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reference = daemon_factory(make_settings())
+    monkeypatch.setattr(launch, "vllm_installed", lambda: True)  # STAND-IN: no vLLM here
+
+    def no_exec(*args: object) -> None:
+        raise AssertionError("vLLM must not start")
+
+    monkeypatch.setattr(os, "execve", no_exec)
+    assert launch.serve("./m", daemon_url=reference.url) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("agentpark: the daemon at ")
