@@ -204,9 +204,8 @@ def test_the_launcher_says_in_one_line_why_a_daemon_will_not_take_the_connector(
     why = launch.daemon_refusal(reference.url, None)
     assert why is not None and "does not serve vLLM" in why
     assert "AGENTPARK_VLLM__ENABLED=true agentpark serve" in why and "\n" not in why
-    serving = daemon_factory(
-        tiny_settings(tmp_path / "vllm-state", shm_dir, vllm={"enabled": True})
-    )
+    vllm = {"enabled": True, "pool_path": shm_dir / "vllm-pool"}  # all in the test's shm dir
+    serving = daemon_factory(tiny_settings(tmp_path / "vllm-state", shm_dir, vllm=vllm))
     assert launch.daemon_refusal(serving.url, None) is None
     why = launch.daemon_refusal(serving.url, "apk_bad_token")  # a token no daemon made
     assert why is not None and "--token" in why
