@@ -62,6 +62,7 @@ from agentpark.errors import (
     SessionNotFoundError,
     UnauthenticatedError,
 )
+from agentpark.parking import PauseResult
 from agentpark.parking.external import Pinned, StorePlan, TurnEndAsk, TurnEndRule
 from agentpark.policy.turn_end import choose
 
@@ -274,6 +275,11 @@ class ControlOps:
             request_id=request.request_id,
             ask=self._ask(request),
         )
+        answer = self._store_answer(result)
+        driver.turn_ends.pins.answered(answer.decision)
+        return answer
+
+    def _store_answer(self, result: PauseResult | StorePlan | Pinned) -> PrepareStoreAnswer:
         if isinstance(result, Pinned):
             return PrepareStoreAnswer(
                 decision=Decision.PINNED,

@@ -242,3 +242,31 @@ def test_the_pause_ends_at_the_next_match_and_is_learned_for_its_tool(make: Make
     assert row.tool is None  # the wait is over; the next turn end does not count it again
     daemon.call("match", [*TOKENS, 7], session_id="a", num_computed=2 * BLOCK)
     assert [k for k, _, _ in _events(daemon, "a")].count("tool_return") == 1
+
+
+def test_an_anonymous_pause_ends_at_the_match_of_a_request_that_continues_it(
+    make: Make,
+) -> None:
+    daemon = make()
+    answer = _end(daemon, None, tool="grep", expected_resume_s=0.5)
+    name = answer["session_id"]
+    # Another conversation's request (another prefix) closes nothing.
+    daemon.call("match", [999, *TOKENS], num_computed=0)
+    assert "tool_return" not in [k for k, _, _ in _events(daemon, name)]
+    daemon.call("match", [*TOKENS, 7, 8], num_computed=2 * BLOCK)
+    kind, _, detail = _events(daemon, name)[-1]
+    assert (kind, detail) == ("tool_return", "grep")
+
+
+def test_a_turn_with_no_expected_pause_uses_the_latest_pauses_of_any_tool(make: Make) -> None:
+    daemon = make()
+    first = _end(daemon, "a", tool="grep", expected_resume_s=0.5)
+    assert first["decision"] == "pinned"
+    daemon.call("match", [*TOKENS, 7], session_id="a", num_computed=2 * BLOCK)
+    seconds, source = daemon.service.driver.turn_ends.pins.global_pause(0.5)
+    assert seconds is not None and "latest 1 pauses" in source
+    # An unnamed turn of an unknown tool: no figure of its own, the global one pins it.
+    answer = _end(daemon, None, tool="never-seen")
+    assert answer["decision"] == "pinned", answer
+    assert "of any tool" in answer["why"]
+    assert answer["expected_resume_s"] == pytest.approx(seconds)

@@ -20,9 +20,11 @@ import collections
 import threading
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
+
+from agentpark.snapshot import PinFigures
 
 __all__ = ["GLOBAL_WINDOW", "GRACE_S", "Pin", "PinFigures", "Pins", "Wait"]
 
@@ -58,17 +60,6 @@ class Wait:
     last_key: Hashable | None  # an anonymous session's last block key (found by content)
 
 
-@dataclass
-class PinFigures:
-    """What the views show of pins (metrics, status, dashboard)."""
-
-    sessions: int = 0
-    blocks: int = 0
-    released: dict[str, int] = field(default_factory=dict)  # by cause
-    tokens_saved: int = 0  # prefill tokens vLLM's prefix cache served from pinned blocks
-    bytes_saved: int = 0  # those tokens' whole blocks, in bytes
-
-
 class Pins:
     """Pins and open waits of one daemon, by (tenant, session); thread-safe."""
 
@@ -78,6 +69,7 @@ class Pins:
         self._waits: dict[Key, Wait] = {}
         self._pauses: collections.deque[float] = collections.deque(maxlen=GLOBAL_WINDOW)
         self._released: collections.Counter[str] = collections.Counter()
+        self._answers: collections.Counter[str] = collections.Counter()
         self._tokens_saved = 0
         self._bytes_saved = 0
 
@@ -120,7 +112,13 @@ class Pins:
                 released=dict(self._released),
                 tokens_saved=self._tokens_saved,
                 bytes_saved=self._bytes_saved,
+                turn_ends=dict(self._answers),
             )
+
+    def answered(self, answer: str) -> None:
+        """Count a turn end's answer (pinned, parked, dropped, kept)."""
+        with self._lock:
+            self._answers[answer] += 1
 
     # ---- waits --------------------------------------------------------------------------
 
