@@ -22,6 +22,7 @@ from agentpark.parking.external.pins import GRACE_S
 from agentpark.store.db import open_database
 from agentpark.store.migrate import upgrade
 from agentpark.store.repository import SessionStore
+from agentpark.turns import build_turn
 from tests.connectors.conftest import TENANT, ControlDaemon, control_service
 from tests.control.harness import Raw
 from tests.control.test_control import BLOCK, _register
@@ -270,3 +271,32 @@ def test_a_turn_with_no_expected_pause_uses_the_latest_pauses_of_any_tool(make: 
     assert answer["decision"] == "pinned", answer
     assert "of any tool" in answer["why"]
     assert answer["expected_resume_s"] == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("fields", "decision"),
+    [
+        ({"expected_resume_s": 0.5}, "pinned"),
+        ({"expected_resume_s": 120.0, "prefill_ms_per_token": 0.0}, "dropped"),
+    ],
+)
+def test_a_requests_turn_says_it_was_pinned_or_dropped_and_why(
+    make: Make, fields: dict[str, Any], decision: str
+) -> None:
+    daemon = make()
+    answer = _end(daemon, "a", request_id="req-1", **fields)
+    assert answer["decision"] == decision
+    events = [e for e in reversed(daemon.store.events(TENANT, "a", 100)) if e.request_id]
+    geometry = daemon.service.driver.geometry
+    turn = build_turn(events, geometry.block_size, geometry.block_nbytes)
+    assert turn.request_id == "req-1" and turn.decision == decision
+    assert turn.why == answer["why"] and turn.tokens == 2 * BLOCK
+
+
+def test_an_engine_restart_ends_its_pins_with_its_blocks(make: Make) -> None:
+    daemon = make()
+    assert _end(daemon, "a", expected_resume_s=0.5)["decision"] == "pinned"
+    _register(daemon)  # the engine registered anew (no engine id): its pool is new
+    figures = daemon.service.driver.turn_ends.pins.figures()
+    assert figures.sessions == 0 and figures.released == {"shutdown": 1}
+    assert daemon.service.driver.core.get(TENANT, "a").state == State.LOST

@@ -371,6 +371,7 @@ class ExternalManager(Loads):
         says why; default: the layout changed) and the core uses the new ones.
         """
         core = self.core
+        self.turn_ends.forget_all("shutdown")  # the engine's blocks are gone, pinned or not
         for live in core.registry.all():
             row = live.row
             if row.state == State.ACTIVE and live.tokens:

@@ -126,6 +126,15 @@ class Pins:
         with self._lock:
             self._waits[key] = wait
 
+    def waiting(self, key: Key) -> bool:
+        with self._lock:
+            return key in self._waits
+
+    def keys(self) -> list[Key]:
+        """The pinned sessions now."""
+        with self._lock:
+            return list(self._pins)
+
     def close_wait(self, key: Key) -> Wait | None:
         with self._lock:
             return self._waits.pop(key, None)

@@ -182,6 +182,14 @@ class TurnEnds:
         pin = self.pins.get(key)
         return 0 if pin is None else pin.tokens
 
+    def forget_all(self, cause: str) -> int:
+        """The engine restarted: its pins went with its blocks (counted, no event: the
+        sessions are lost with the rest of the engine's KV)."""
+        keys = self.pins.keys()
+        for key in keys:
+            self.pins.end(key, cause)
+        return len(keys)
+
     def expire(self, now: float | None = None) -> int:
         """End the pins past their time-out + grace with no unpin (the connector died)."""
         lapsed = self.pins.lapsed(now, GRACE_S)
@@ -204,7 +212,7 @@ class TurnEnds:
         key: tuple[str, str] | None = (tenant, session_id) if session_id else None
         if key is None:
             key = self.pins.anonymous_wait(tenant, set(chain)) if chain else None
-        if key is None:
+        if key is None or not self.pins.waiting(key):
             return None
         live = self.core.registry.find(key)
         if live is None or not self.core.registry.try_acquire(live, "return"):
