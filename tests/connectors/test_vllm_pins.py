@@ -25,7 +25,7 @@ from agentpark.store.repository import SessionStore
 from agentpark.turns import build_turn
 from tests.connectors.conftest import TENANT, ControlDaemon, control_service
 from tests.control.harness import Raw
-from tests.control.test_control import BLOCK, _register
+from tests.control.test_control import BLOCK, LAYOUT, _register
 from tests.harness import tiny_settings
 
 POOL = {"engine_total_blocks": 64, "engine_free_blocks": 40, "pinned_blocks": 0}
@@ -296,7 +296,13 @@ def test_a_requests_turn_says_it_was_pinned_or_dropped_and_why(
 def test_an_engine_restart_ends_its_pins_with_its_blocks(make: Make) -> None:
     daemon = make()
     assert _end(daemon, "a", expected_resume_s=0.5)["decision"] == "pinned"
-    _register(daemon)  # the engine registered anew (no engine id): its pool is new
+    # A new engine registers (another connection, no engine id): the old one's pool is gone.
+    restarted = ControlClient(None, socket_path=str(daemon.service.socket_path), timeout_s=10)
+    try:
+        answer = restarted.call("register", wait_s=10.0, layout=LAYOUT.to_wire())
+        assert answer is not None and answer["ok"], answer
+    finally:
+        restarted.close()
     figures = daemon.service.driver.turn_ends.pins.figures()
     assert figures.sessions == 0 and figures.released == {"shutdown": 1}
     assert daemon.service.driver.core.get(TENANT, "a").state == State.LOST
