@@ -15,7 +15,8 @@ still hit them, else the next request recomputes). Each costs something else:
 The rule (``adaptive``):
 
 1. not under pressure, an expected pause shorter than ``pin_ttl_s``, and room for the
-   pin -> pin, its time-out the expected pause x ``pin_margin``, capped by ``pin_ttl_s``;
+   pin -> pin, its time-out the expected pause x ``pin_margin`` (at least
+   :data:`MIN_PIN_S`), capped by ``pin_ttl_s``;
 2. else host room and the copy back cheaper than the recompute (or the recompute not yet
    measured) -> park;
 3. else drop.
@@ -34,7 +35,12 @@ from __future__ import annotations
 
 from agentpark.parking.external.plans import TurnEndChoice, TurnEndFacts, TurnEndRule
 
-__all__ = ["TurnEndChoice", "TurnEndFacts", "TurnEndRule", "choose"]
+__all__ = ["MIN_PIN_S", "TurnEndChoice", "TurnEndFacts", "TurnEndRule", "choose"]
+
+MIN_PIN_S = 1.0
+"""The shortest pin (unless pin_ttl_s is shorter): a pause expected in milliseconds still
+takes the client a round trip and vLLM a scheduler step or two to come back, and a pin
+held a second longer than needed costs only that second of its blocks."""
 
 
 def _pin_room(facts: TurnEndFacts, rule: TurnEndRule) -> str | None:
@@ -102,7 +108,7 @@ def choose(facts: TurnEndFacts, rule: TurnEndRule) -> TurnEndChoice:
         )
     if no_room is not None:
         return _park_or_drop(facts, f"expected pause {expected:.3g}s ({source}) but {no_room}")
-    ttl = max(min(expected * rule.pin_margin, rule.pin_ttl_s), 1e-3)
+    ttl = min(max(expected * rule.pin_margin, MIN_PIN_S), rule.pin_ttl_s)
     return TurnEndChoice(
         "pinned",
         f"expected pause {expected:.3g}s ({source}) is shorter than pin_ttl_s "

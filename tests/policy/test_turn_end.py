@@ -36,6 +36,12 @@ def test_a_short_pause_with_room_is_pinned_for_its_expected_length_times_the_mar
     assert "shorter than pin_ttl_s 30s" in choice.why
 
 
+def test_the_pin_time_out_is_at_least_a_second_unless_pin_ttl_s_is_shorter() -> None:
+    assert choose(replace(FACTS, expected_s=0.01), RULE).pin_ttl_s == 1.0
+    short = replace(RULE, pin_ttl_s=0.5)
+    assert choose(replace(FACTS, expected_s=0.01), short).pin_ttl_s == 0.5
+
+
 def test_the_pin_time_out_is_capped_by_pin_ttl_s() -> None:
     choice = choose(replace(FACTS, expected_s=20.0), RULE)
     assert choice.answer == "pinned" and choice.pin_ttl_s == 30.0
