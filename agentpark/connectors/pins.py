@@ -237,8 +237,14 @@ class Pins:
         for req_id in finished:
             self.in_flight.pop(req_id, None)
         if not self.in_flight and self._blocked_at is not None:
-            self.release_ms.append((self.clock() - self._blocked_at) * 1e3)
+            took = (self.clock() - self._blocked_at) * 1e3
+            self.release_ms.append(took)
             self._blocked_at = None
+            log.info(
+                "agentpark: pins let go under pressure: blocks free %.1f ms after vLLM "
+                "could not allocate",
+                took,
+            )
 
     def close(self, cause: str, plan: StepPlan) -> None:
         """Let every pin go (vLLM's shutdown)."""
