@@ -66,7 +66,9 @@ class Sides:
         self.scheduler.engine.pool = self.pool
         cfg: Any = type("C", (), {"cache_config": type("B", (), {"block_size": BLOCK})})
         self.worker = WorkerSide(client, cfg, None, {})
-        self.copies = NumpyCopies(client, Worker(PoolFile.from_wire(answer["pool"]), LAYOUT), LAYOUT)
+        self.copies = NumpyCopies(
+            client, Worker(PoolFile.from_wire(answer["pool"]), LAYOUT), LAYOUT
+        )
         self.worker.copies = self.copies
 
     def step(self) -> set[str]:
@@ -84,11 +86,13 @@ class Sides:
         return said
 
 
-def _turn(request_id: str, session_id: str, blocks: int, expected: float = 0.5,
-          base: int = 1000) -> _Request:
+def _turn(
+    request_id: str, session_id: str, blocks: int, expected: float = 0.5, base: int = 1000
+) -> _Request:
     tokens = list(range(base, base + blocks * BLOCK + 1))
-    params = {"agentpark": {"session_id": session_id, "tool": "search",
-                            "expected_resume_s": expected}}
+    params = {
+        "agentpark": {"session_id": session_id, "tool": "search", "expected_resume_s": expected}
+    }
     return _Request(request_id, tokens, params, num_computed_tokens=len(tokens))
 
 
