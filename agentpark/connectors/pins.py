@@ -252,7 +252,8 @@ class Pins:
             self._let_go(pin, cause, plan)
 
     def _under_pressure(self, pin: Pin, plan: StepPlan, engine: dict[str, Any]) -> None:
-        """Offer the pinned turn to the daemon again: parked (copy, then free) or dropped."""
+        """Offer the pinned turn to the daemon again: parked (copy, then free) or dropped.
+        Whatever happens (no answer, a refusal, an error here), the pin is let go."""
         self.book.take(pin.req_id)
         answer = None
         try:
@@ -261,18 +262,19 @@ class Pins:
                 encode_tokens(pin.tokens),
                 block_ids=pin.block_ids,
                 pressure=True,
-                pinned_blocks=self.blocks,
-                **engine,
+                **{**engine, "pinned_blocks": self.blocks},
                 **pin.fields,
             )
-        finally:
-            parked = answer is not None and answer.get("ok") and answer.get("decision") == "parked"
-            if parked:
-                assert answer is not None
-                plan.stores.append(store_meta(pin.req_id, pin.block_ids, answer))
-            else:
-                plan.release.append(pin.req_id)
-            self._unpin(pin, "pressure")
+            parked = bool(answer and answer.get("ok") and answer.get("decision") == "parked")
+            store = store_meta(pin.req_id, pin.block_ids, answer) if answer and parked else None
+        except Exception:  # never fail vLLM's scheduler: the blocks are freed instead
+            log.exception("agentpark: a pressure release failed; the pin's blocks are freed")
+            store = None
+        if store is not None:
+            plan.stores.append(store)
+        else:
+            plan.release.append(pin.req_id)
+        self._unpin(pin, "pressure")
 
     def _let_go(self, pin: Pin, cause: str, plan: StepPlan, *, reused: int = 0) -> None:
         if self.book.take(pin.req_id) is None:
