@@ -147,6 +147,7 @@ class Pins:
         self.clock = clock
         self.book = PinBook()
         self.in_flight: dict[str, int] = {}  # pressure releases not yet reported freed
+        self._leaving: dict[str, Pin] = {}  # their pins: the daemon hears once they are
         self.released: dict[str, int] = {}  # releases by cause, since start
         self.release_ms: list[float] = []  # pressure: blocked allocation to blocks freed
         self._blocked_at: float | None = None
@@ -236,6 +237,9 @@ class Pins:
         """The worker reported these requests' blocks freed (vLLM frees them now)."""
         for req_id in finished:
             self.in_flight.pop(req_id, None)
+            pin = self._leaving.pop(req_id, None)
+            if pin is not None:  # after the worker's copy (a park is committed by then)
+                self._unpin(pin, "pressure")
         if not self.in_flight and self._blocked_at is not None:
             took = (self.clock() - self._blocked_at) * 1e3
             self.release_ms.append(took)
@@ -250,6 +254,9 @@ class Pins:
         """Let every pin go (vLLM's shutdown)."""
         for pin in list(self.book.pins.values()):
             self._let_go(pin, cause, plan)
+        leaving, self._leaving = self._leaving, {}
+        for pin in leaving.values():
+            self._unpin(pin, cause)
 
     def _under_pressure(self, pin: Pin, plan: StepPlan, engine: dict[str, Any]) -> None:
         """Offer the pinned turn to the daemon again: parked (copy, then free) or dropped.
@@ -274,7 +281,7 @@ class Pins:
             plan.stores.append(store)
         else:
             plan.release.append(pin.req_id)
-        self._unpin(pin, "pressure")
+        self._leaving[pin.req_id] = pin
 
     def _let_go(self, pin: Pin, cause: str, plan: StepPlan, *, reused: int = 0) -> None:
         if self.book.take(pin.req_id) is None:

@@ -8,7 +8,7 @@ the pressure it is tested under). The exact reference is the session's plain ser
 
 Seen from outside: vLLM's ``/metrics`` (``vllm:kv_cache_usage_perc``: blocks held, pinned
 ones included; ``vllm:num_preemptions_total``), the response's ``usage`` (cached tokens)
-and ``kv_transfer_params.agentpark``, the daemon's ``agentpark_pins_released_total``.
+and ``kv_transfer_params.agentpark``, the daemon's events (each pin's end and its cause).
 """
 
 from __future__ import annotations
@@ -128,8 +128,10 @@ def _held(server: VllmServer) -> float:
     return _vllm_metric(server, "vllm:kv_cache_usage_perc")
 
 
-def _released(daemon: AgentDaemon, cause: str) -> float:
-    return daemon.metric("agentpark_pins_released_total", cause=cause)
+def _unpins(daemon: AgentDaemon, session: str) -> list[str | None]:
+    """Why each of the session's pins ended, as the daemon's events say (oldest first)."""
+    page = daemon.get("/v1/events", session_id=session, limit=200)
+    return [e.get("reason") for e in reversed(page["events"]) if e["kind"] == "unpin"]
 
 
 def test_a_pinned_sessions_next_turn_is_vllms_own_prefix_cache_hit_and_exact(
@@ -147,7 +149,7 @@ def test_a_pinned_sessions_next_turn_is_vllms_own_prefix_cache_hit_and_exact(
     assert second.cached_tokens == plain_second.cached_tokens
     for ours, ref in ((first, plain_first), (second, plain_second)):
         assert ours.tokens == ref.tokens and ours.logprobs == ref.logprobs
-    wait_for(lambda: _released(daemon, "return") >= 1, 30, "the daemon told of the return")
+    wait_for(lambda: _unpins(daemon, "ret") == ["return"], 30, "the daemon told of the return")
 
 
 def test_a_short_pause_under_pressure_is_let_go_before_any_preemption(
@@ -169,7 +171,7 @@ def test_a_short_pause_under_pressure_is_let_go_before_any_preemption(
     )
     assert long.usage is not None and long.usage.completion_tokens == 400
     assert _vllm_metric(small, "vllm:num_preemptions_total") == before, "a request preempted"
-    wait_for(lambda: _released(daemon, "pressure") >= 1, 30, "the pin let go under pressure")
+    wait_for(lambda: _unpins(daemon, "short") == ["pressure"], 30, "the pin let go under pressure")
     took = [
         float(ms)
         for ms in re.findall(
@@ -191,7 +193,7 @@ def test_a_pin_whose_session_never_returns_is_let_go_at_its_time_out(
 ) -> None:
     first = _chat(small, "gone", 0.1)  # pinned for 2 s
     assert first.agentpark["decision"] == "pinned", first.agentpark
-    wait_for(lambda: _released(daemon, "timeout") >= 1, 60, "the pin's time-out")
+    wait_for(lambda: _unpins(daemon, "gone") == ["timeout"], 60, "the pin's time-out")
     wait_for(lambda: _held(small) == 0, 30, "vLLM's blocks all free again")
 
 
@@ -209,10 +211,12 @@ def test_the_daemon_restarted_with_pins_held_gives_vllm_its_blocks_back(
 def test_vllm_stopped_with_pins_held_shuts_down_cleanly(
     daemon: AgentDaemon, small: VllmServer
 ) -> None:
-    first = _chat(small, "held", 1.0)
+    first = _chat(small, "held", 0.1)  # pinned for 2 s
     assert first.agentpark["decision"] == "pinned", first.agentpark
-    shutdowns = _released(daemon, "shutdown")
     small.stop()  # SIGTERM, then SIGKILL for whatever is left after the stop time-out
     assert small.killed == [], "a vLLM process had to be killed"
     assert "Traceback" not in small.log_path.read_text(), small.tail()
-    assert _released(daemon, "shutdown") == shutdowns + 1
+    # vLLM's default shutdown (--shutdown-timeout 0) kills its engine core at once, before
+    # the connector's shutdown could say anything: the daemon ends the pin itself, at its
+    # time-out and grace ("expired"); a draining shutdown would say "shutdown".
+    wait_for(lambda: _unpins(daemon, "held") in (["expired"], ["shutdown"]), 60, "pin ended")
