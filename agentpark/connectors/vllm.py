@@ -13,7 +13,12 @@ is not parked; the worker's calls wait 20 times that), ``tenant``
 ``tpu_sync_shm_dir``, see ``register_runner``). A request takes part when its body has
 ``kv_transfer_params: {"agentpark": {"session_id": ..., "tool": ...,
 "expected_resume_s": ...}}``; the response's ``kv_transfer_params.agentpark`` says
-``decision``, ``why``, ``restored_tokens`` and ``restored_from``.
+``decision`` (``parked``: copied to the host pool, then freed; ``pinned``: the blocks stay
+allocated in vLLM, its own prefix cache serves the next turn; ``dropped``: freed now;
+``kept``, ``refused``, ``released``), ``why``, ``restored_tokens`` and ``restored_from``.
+A pin is let go at the session's return, its time-out, under pressure (``has_pending_block_frees``
+makes vLLM wait a step for it instead of preempting), or when the daemon is lost
+(agentpark.connectors.pins).
 
 The connector is a facade, like vLLM's own OffloadingConnector: vLLM builds it once per
 process with a role, and it delegates to the scheduler side (agentpark.connectors.scheduler:
