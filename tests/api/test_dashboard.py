@@ -174,6 +174,8 @@ def parse_html(text: str) -> Node:
 
 def lookup(data: Any, path: str) -> Any:
     for part in path.split("."):
+        if data is None:  # a section this daemon does not have (pins: no vLLM)
+            return None
         data = data[part]
     return data
 
