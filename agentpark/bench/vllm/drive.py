@@ -118,9 +118,9 @@ class _Driver:
         cached = (details.cached_tokens or 0) if details is not None else 0
         prompt = usage.prompt_tokens
         ttft = first - ready_at
-        turn_result = TurnResult(agent, turn, turn > 0, ttft, prompt, cached, tokens, logprobs)
-        turn_result.request_id = request_id
-        return turn_result
+        return TurnResult(
+            agent, turn, turn > 0, ttft, prompt, cached, tokens, logprobs, request_id=request_id
+        )
 
     async def agent(self, plan: AgentPlan, agent: int) -> None:
         """An agent: a turn, the tool's pause, the tool's result; all turns."""
