@@ -30,7 +30,7 @@ STAMP_VLLM := $(VENV_VLLM)/.agentpark-installed
 VLLM_TESTS := tests/vllm_real
 VLLM_ENV   := AGENTPARK_VLLM_TESTS=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 
-.PHONY: serve test test-tpu test-vllm lint format docs bench bench-tpu bench-vllm gpu-check clean
+.PHONY: serve test test-tpu test-vllm lint format docs bench bench-tpu bench-vllm demo gpu-check clean
 
 # The native copy kernel (agentpark.dma.native) is built by the install: a change to it
 # reinstalls.
@@ -105,6 +105,12 @@ bench-tpu: $(STAMP_TPU)
 
 bench-vllm: $(STAMP_VLLM)
 	$(VENV_VLLM)/bin/agentpark bench vllm
+
+# agentpark's effect on vLLM in about two minutes (docs/vllm.md, "The demo"): a daemon and a
+# vLLM with a KV cache too small for 3 agents, their turns with agentpark then without.
+DEMO_ARGS ?=
+demo: $(STAMP_VLLM)
+	$(VENV_VLLM)/bin/agentpark vllm demo $(DEMO_ARGS)
 
 # GPU hosts only, never tests or CI: jax_memkind vs a plain pinned device_put (see the script).
 gpu-check:

@@ -18,7 +18,7 @@ __all__ = ["DESCRIPTION", "build_parser"]
 
 DESCRIPTION = """\
 Command line: ``agentpark serve | db upgrade | db cleanup | token ... | status | drain |
-bench ... | make-model | vllm serve``.
+bench ... | make-model | vllm serve | vllm demo``.
 
 ``--config FILE`` may come before the subcommand or after it (``agentpark serve --config
 FILE``); ``status`` and ``drain`` talk to the daemon through ``agentpark.client`` (with

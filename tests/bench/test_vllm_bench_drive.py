@@ -57,6 +57,7 @@ def _handler(seen: Seen) -> type[BaseHTTPRequestHandler]:
             conversation = body["messages"][0]["content"]  # unique per conversation
             with seen.lock:
                 seen.requests.append((dict(self.headers), body))
+                stream_id = f"chatcmpl-{len(seen.requests)}"  # each its own, as vLLM's
                 if conversation in seen.in_flight:
                     seen.overlapped.append(conversation)
                 seen.in_flight.add(conversation)
@@ -71,7 +72,7 @@ def _handler(seen: Seen) -> type[BaseHTTPRequestHandler]:
                 "total_tokens": prompt + 1,
                 "prompt_tokens_details": {"cached_tokens": 128},
             }
-            base = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+            base = {"id": stream_id, "object": "chat.completion.chunk", "created": 0, "model": "m"}
             chunks = [base | {"choices": [delta]}, base | {"choices": [], "usage": usage}]
             with seen.lock:
                 seen.in_flight.discard(conversation)
@@ -105,6 +106,8 @@ def test_multi_turn_clients_take_conversations_in_turn_and_send_only_the_message
     assert [(t.agent, t.turn) for t in turns] == [(a, t) for a in range(4) for t in range(3)]
     assert all(t.prompt_tokens - t.cached_tokens == t.prompt_tokens - 128 for t in turns)
     assert seen.overlapped == [] and seen.most_at_once == 2
+    # Each turn keeps the id its stream carried (the daemon's turns name the request by it).
+    assert {t.request_id for t in turns} == {f"chatcmpl-{i}" for i in range(1, 13)}
     # The line: a conversation's turns in order, each after the others' turns before it.
     keys = [body["messages"][0]["content"] for _headers, body in seen.requests]
     lengths = [len(body["messages"]) for _headers, body in seen.requests]

@@ -87,6 +87,7 @@ class _Driver:
         tokens: list[str] = []
         logprobs: list[float] = []
         usage: Any = None
+        request_id = ""
         try:
             stream = await self.client.chat.completions.create(
                 model=self.model,
@@ -99,6 +100,7 @@ class _Driver:
                 **naming(self.naming_as, plan, turn),
             )
             async for chunk in stream:
+                request_id = request_id or chunk.id
                 for choice in chunk.choices:
                     content = choice.logprobs.content if choice.logprobs else None
                     if content:
@@ -115,7 +117,10 @@ class _Driver:
         details = usage.prompt_tokens_details
         cached = (details.cached_tokens or 0) if details is not None else 0
         prompt = usage.prompt_tokens
-        return TurnResult(agent, turn, turn > 0, first - ready_at, prompt, cached, tokens, logprobs)
+        ttft = first - ready_at
+        return TurnResult(
+            agent, turn, turn > 0, ttft, prompt, cached, tokens, logprobs, request_id=request_id
+        )
 
     async def agent(self, plan: AgentPlan, agent: int) -> None:
         """An agent: a turn, the tool's pause, the tool's result; all turns."""

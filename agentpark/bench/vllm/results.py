@@ -22,6 +22,8 @@ class TurnResult:
     # Bytes agentpark restored into this turn (from the daemon's events after the run:
     # streamed responses carry no kv_transfer_params in vLLM 0.32).
     restored_bytes: int = 0
+    # The id the client saw (the stream's ``chatcmpl-...``): the daemon's turns name it.
+    request_id: str = ""
 
 
 @dataclass

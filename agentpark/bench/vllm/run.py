@@ -7,22 +7,25 @@ from __future__ import annotations
 import asyncio
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agentpark.bench.vllm.compare import decisions, failed, mark_restored
 from agentpark.bench.vllm.daemon import BenchDaemon
 from agentpark.bench.vllm.drive import Clock, drive
 from agentpark.bench.vllm.report import print_report
-from agentpark.bench.vllm.results import RunResult
+from agentpark.bench.vllm.results import RunResult, TurnResult
 from agentpark.bench.vllm.spec import BLOCK_SIZE, RUNS, VllmBenchSpec, kv_bytes_per_token
 from agentpark.bench.vllm.workload import AgentPlan, make_plans, prompt_tokens
 from agentpark.vllm_tools.process import VllmServer, free_port
 
-__all__ = ["run_order", "run_vllm_bench"]
+# What a caller reads from the daemon after a run, before it stops (the demo: its turns).
+Look = Callable[[BenchDaemon, list[TurnResult]], None]
+
+__all__ = ["Look", "run_one", "run_order", "run_vllm_bench"]
 
 
-def _run_one(
+def run_one(
     name: str,
     client: str,
     model: Path,
@@ -31,7 +34,10 @@ def _run_one(
     spec: VllmBenchSpec,
     blocks: int,
     clock: Clock,
+    look: Look | None = None,
 ) -> RunResult:
+    """One run on a fresh vLLM server (and daemon for ``agentpark``), stopped on every
+    path; ``look`` sees the daemon and the turns while the daemon still answers."""
     daemon: BenchDaemon | None = None
     server: VllmServer | None = None
     env = {"VLLM_CPU_KVCACHE_SPACE": str(spec.reference_kv_gib)}
@@ -66,6 +72,8 @@ def _run_one(
         events = daemon.events() if daemon else []
         # An anonymous session (the none client) has no name to find its events by.
         mark_restored(turns, events, [plan.session_id for plan in plans])
+        if daemon is not None and look is not None:
+            look(daemon, turns)
         return RunResult(name, makespan, turns, host, decisions(events), client, before)
     finally:
         if server is not None:
@@ -133,7 +141,7 @@ def run_vllm_bench(
         )
         results = []
         for name, client in run_order(runs, spec.clients):
-            results.append(_run_one(name, client, Path(model), work, plans, spec, blocks, clock))
+            results.append(run_one(name, client, Path(model), work, plans, spec, blocks, clock))
             clock.say(f"{results[-1].label}: done in {results[-1].makespan_s:.1f} s")
     print_report(results, spec, blocks)
     return 1 if failed(results, spec) else 0
