@@ -272,6 +272,12 @@ class Importer:
             )
         return done
 
+    def received(self, move_id: str) -> int | None:
+        """Blocks of an open move verified and written so far (None: not open here)."""
+        with self._lock:
+            pending = self._open.get(move_id)
+        return None if pending is None else len(pending.received)
+
     def abort(self, move_id: str) -> None:
         with self._lock:
             pending = self._open.pop(move_id, None)

@@ -40,9 +40,12 @@ class Pair:
     a_admin: str
     b_admin: str
 
-    def move(self, session_id: str, token: str | None = None, **extra: Any) -> httpx.Response:
-        body = {"session_id": session_id, "to": self.b.url, "to_token": token or self.b_admin}
-        return self.a.client.post("/v1/moves", json={**body, **extra})
+    def move(
+        self, session_id: str, *, to: str | None = None, token: str | None = None
+    ) -> httpx.Response:
+        """A -> B (or ``to``, a proxy of B) asked of A's REST API with A's admin token."""
+        body = {"session_id": session_id, "to": to or self.b.url, "to_token": token or self.b_admin}
+        return self.a.client.post("/v1/moves", json=body)
 
 
 def make_pair(

@@ -8,6 +8,7 @@ from pathlib import Path
 from agentpark.config import Settings
 from tests.harness import Daemon
 from tests.moving.pair import make_pair, park_session, parked_bytes
+from tests.moving.proxy import CuttingProxy
 
 STEP = {"max_new_tokens": 12, "return_logits": True}
 
@@ -75,3 +76,67 @@ def test_a_second_session_with_the_same_prefix_sends_only_what_b_lacks(
     assert result["blocks_sent"] == result["blocks"] - result["blocks_held"]
     assert pair.b.client.get("/v1/sessions/second").json()["state"] == "parked"
     pair.b.runtime.parking.check_invariants()
+
+
+LONG_PROMPT = "a long agent context, " * 8  # 176 tokens + 20 generated: 13 blocks
+
+
+def test_a_move_cut_mid_stream_is_picked_up_and_sends_each_block_once(
+    tmp_path: Path, shm_dir: Path, daemon_factory: Callable[[Settings], Daemon]
+) -> None:
+    pair = make_pair(tmp_path, shm_dir, daemon_factory)
+    park_session(pair.a, "long", LONG_PROMPT)
+    kv = parked_bytes(pair.a, "long")
+    exporter = pair.a.app.state.moves.exporter
+    importer = pair.b.app.state.moves.importer
+    block = pair.a.runtime.parking.geometry.block_nbytes
+    blocks = len(kv) // block
+    assert blocks >= 10
+    exporter.chunk_bytes = block  # a request per block: the cut lands inside one of them
+    exporter.retries = 1
+    port = int(pair.b.url.rsplit(":", 1)[1])
+    with CuttingProxy(port, cut_after=8192 + 5 * block) as proxy:
+        # The link drops mid-stream and stays down: the move gives up, A keeps the session.
+        proxy.refuse_after_cut = True
+        first = pair.move("long", to=proxy.url)
+        assert first.status_code == 502, first.text
+        assert proxy.cuts == 1
+        details = first.json()["error"]["details"]
+        move_id, landed = details["move_id"], importer.received(details["move_id"])
+        assert details["in_doubt"] is False
+        assert landed is not None and 0 < landed < blocks
+        assert pair.a.client.get("/v1/sessions/long").json()["state"] == "parked"
+        assert pair.b.client.get("/v1/sessions/long").status_code == 404
+
+        # The link is back: the same move goes on with what B lacks, nothing twice.
+        proxy.refuse = False
+        second = pair.move("long", to=proxy.url)
+        assert second.status_code == 200, second.text
+        result = second.json()
+        assert result["move_id"] == move_id and result["resumed"] is True
+        assert result["blocks_sent"] == blocks - landed
+    assert parked_bytes(pair.b, "long") == kv
+    moved_in = [
+        e
+        for e in pair.b.client.get("/v1/events", params={"session_id": "long"}).json()["events"]
+        if e["kind"] == "moved_in"
+    ]
+    assert len(moved_in) == 1 and moved_in[0]["bytes"] == blocks * block  # each block once
+    assert pair.a.client.get("/v1/sessions/long").status_code == 404
+    pair.b.runtime.parking.check_invariants()
+
+
+def test_a_dropped_connection_is_picked_up_within_one_move(
+    tmp_path: Path, shm_dir: Path, daemon_factory: Callable[[Settings], Daemon]
+) -> None:
+    pair = make_pair(tmp_path, shm_dir, daemon_factory)
+    park_session(pair.a, "long", LONG_PROMPT)
+    kv = parked_bytes(pair.a, "long")
+    block = pair.a.runtime.parking.geometry.block_nbytes
+    pair.a.app.state.moves.exporter.chunk_bytes = 2 * block
+    port = int(pair.b.url.rsplit(":", 1)[1])
+    with CuttingProxy(port, cut_after=8192 + 3 * block) as proxy:
+        moved = pair.move("long", to=proxy.url)
+        assert moved.status_code == 200, moved.text
+        assert proxy.cuts == 1 and moved.json()["retries"] >= 1
+    assert parked_bytes(pair.b, "long") == kv
