@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Hashable, Iterator, Sequence
@@ -57,6 +58,23 @@ class Exporter:
         # Sessions in doubt (a commit whose answer was lost): held here, never released
         # until a move run again learns who owns them.
         self.held: dict[SessionKey, LiveSession] = {}
+        # One client per target, kept: a drain's moves share its connections (a new
+        # client per move cost tens of milliseconds of set-up each).
+        self._peers: dict[tuple[str, str], Peer] = {}
+        self._peers_lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._peers_lock:
+            peers, self._peers = list(self._peers.values()), {}
+        for peer in peers:
+            peer.close()
+
+    def _peer(self, to: str, token: str) -> Peer:
+        with self._peers_lock:
+            peer = self._peers.get((to, token))
+            if peer is None:
+                peer = self._peers[to, token] = Peer(to, token)
+            return peer
 
     def hold_in_doubt(self) -> int:
         """At start: hold every session whose move was committing when the last process
@@ -114,22 +132,22 @@ class Exporter:
                 self.core.registry.release(live)
             raise
         tier = self.core.tiers.get(row.tier or "")
-        with Peer(to, token) as peer:
-            try:
-                sent, held, nbytes, retries = self._push(peer, live, tier, manifest)
-            except (TierFullError, LayoutMismatchError, InvalidStateError) as exc:
-                # Refused before any commit: the target holds nothing; this one keeps it.
-                self.records.mark(move_id, DONE)
-                peer.abort(move_id)
-                self._let_go(live)
-                raise exc
-            except _InDoubt:
-                raise
-            except BaseException as exc:
-                if isinstance(exc, AgentparkError):  # the target answered: not committed
-                    self.records.mark(move_id, SENDING)
-                self._let_go(live)
-                raise
+        peer = self._peer(to, token)
+        try:
+            sent, held, nbytes, retries = self._push(peer, live, tier, manifest)
+        except (TierFullError, LayoutMismatchError, InvalidStateError) as exc:
+            # Refused before any commit: the target holds nothing; this one keeps it.
+            self.records.mark(move_id, DONE)
+            peer.abort(move_id)
+            self._let_go(live)
+            raise exc
+        except _InDoubt:
+            raise
+        except BaseException as exc:
+            if isinstance(exc, AgentparkError):  # the target answered: not committed
+                self.records.mark(move_id, SENDING)
+            self._let_go(live)
+            raise
         try:
             self.core.transitions.moved_out(live, to, move_id)
         except AgentparkError as exc:  # the target owns it; this row could not say so yet

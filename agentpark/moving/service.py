@@ -37,6 +37,7 @@ class MoveService:
         return service
 
     def close(self) -> None:
+        self.exporter.close()
         self.importer.close()
         self.records.close()
 

@@ -22,12 +22,12 @@ ALL_SCOPES = ",".join(s.value for s in Scope)
 
 
 def pair_settings(tmp_path: Path, shm_dir: Path, name: str, **overrides: Any) -> Settings:
-    tiers = {"shm": {"path": shm_dir / f"tier-{name}"}}
-    extra_tiers = overrides.pop("tiers", {})
+    extra = overrides.pop("tiers", {})
+    tiers = {**extra, "shm": {**extra.get("shm", {}), "path": shm_dir / f"tier-{name}"}}
     return tiny_settings(
         tmp_path / name,
         shm_dir,
-        tiers={**tiers, **extra_tiers},
+        tiers=tiers,
         shutdown={"drain": False},
         **overrides,
     )
@@ -53,8 +53,9 @@ def make_pair(
     shm_dir: Path,
     daemon_factory: Callable[[Settings], Daemon],
     b_overrides: dict[str, Any] | None = None,
+    a_overrides: dict[str, Any] | None = None,
 ) -> Pair:
-    a = daemon_factory(pair_settings(tmp_path, shm_dir, "a"))
+    a = daemon_factory(pair_settings(tmp_path, shm_dir, "a", **(a_overrides or {})))
     b = daemon_factory(pair_settings(tmp_path, shm_dir, "b", **(b_overrides or {})))
     a_admin = admin(a)
     b_admin = admin(b)
