@@ -44,10 +44,8 @@ def test_drain_to_a_peer_hands_over_every_parked_session_once_across_restarts(
         assert c.post(f"/v1/sessions/{sid}/pause", json={"tier": "shm"}).json()["state"] == "parked"
     c.post("/v1/sessions", json={"session_id": "stays-active"})  # not parked: stays on A
 
-    code = main(
-        ["drain", "--url", pair.a.url, "--token", pair.a_admin]
-        + ["--to", pair.b.url, "--to-token", pair.b_admin]
-    )
+    source = ["--url", pair.a.url, "--token", pair.a_admin]
+    code = main(["drain", *source, "--to", pair.b.url, "--to-token", pair.b_admin])
     out = capsys.readouterr().out
     assert code == 0, out
     assert f"{N} moved" in out and "1 not parked" in out
