@@ -74,10 +74,17 @@ class Importer:
 
     def __init__(self, core: SessionCore, max_body_bytes: int) -> None:
         self.core = core
-        self.max_chunk_bytes = max(max_body_bytes - _BODY_SLACK, core.geometry.block_nbytes)
+        self._max_body_bytes = max_body_bytes
         self._open: dict[str, _Import] = {}
         self._done: OrderedDict[str, CommitAnswer] = OrderedDict()  # answers to a retry
         self._lock = threading.Lock()
+
+    @property
+    def max_chunk_bytes(self) -> int:
+        """The most block bytes one chunk may carry here (at least one block): read when
+        asked, since an external engine's layout (vLLM mode) is known only once it
+        registered."""
+        return max(self._max_body_bytes - _BODY_SLACK, self.core.geometry.block_nbytes)
 
     # ---- begin -----------------------------------------------------------------------------
 
