@@ -31,9 +31,9 @@ from agentpark.moving.wire import (
     DrainToRequest,
     DrainToResult,
     LayoutMismatchError,
-    Manifest,
-    MoveRequest,
-    MoveResult,
+    MoveManifest,
+    MoveOutRequest,
+    MoveOutResult,
     PeerError,
 )
 
@@ -54,6 +54,8 @@ _SOURCE_ERRORS = (
     TierFullError,
     PeerError,
     StorageUnavailableError,
+    InvalidRequestError,
+    PayloadTooLargeError,
 )
 
 
@@ -63,7 +65,7 @@ def _moves(request: Request) -> MoveService:
 
 
 @router.post("", responses=error_responses(*_SOURCE_ERRORS))
-def move_session(request: Request, body: MoveRequest) -> MoveResult:
+def move_session(request: Request, body: MoveOutRequest) -> MoveOutResult:
     """Hand one parked session to another daemon (``to``, with an admin token of it).
 
     The session is gone from here once the target committed it; a target without room
@@ -82,10 +84,15 @@ def drain_to(request: Request, body: DrainToRequest) -> DrainToResult:
 @router.post(
     "/in",
     responses=error_responses(
-        InvalidRequestError, SessionExistsError, LayoutMismatchError, TierFullError, NotReadyError
+        InvalidRequestError,
+        PayloadTooLargeError,
+        SessionExistsError,
+        LayoutMismatchError,
+        TierFullError,
+        NotReadyError,
     ),
 )
-def begin_import(request: Request, body: Manifest) -> BeginAnswer:
+def begin_import(request: Request, body: MoveManifest) -> BeginAnswer:
     """(Called by a source daemon.) Reserve room for a session by content; the blocks
     this daemon still needs. 507 without room, 409 for another model or layout."""
     return _moves(request).importer.begin(body)
@@ -116,7 +123,11 @@ def commit_import(request: Request, move_id: str) -> CommitAnswer:
     return _moves(request).importer.commit(move_id)
 
 
-@router.delete("/in/{move_id}", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete(
+    "/in/{move_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=error_responses(InvalidRequestError),
+)
 def abort_import(request: Request, move_id: str) -> Response:
     """(Called by a source daemon.) Give up an import: its reserved slots are freed."""
     _moves(request).importer.abort(move_id)

@@ -24,7 +24,7 @@ from agentpark.integrity import block_digests
 from agentpark.moving.blockio import read_blocks
 from agentpark.moving.peer import Peer
 from agentpark.moving.record import COMMITTING, DONE, SENDING, MoveRecords
-from agentpark.moving.wire import LayoutMismatchError, Manifest, MoveResult, PeerError
+from agentpark.moving.wire import LayoutMismatchError, MoveManifest, MoveOutResult, PeerError
 from agentpark.parking.core import SessionCore
 from agentpark.parking.registry import LiveSession, SessionKey
 from agentpark.tiers.base import BackendHeldTier, HostTier
@@ -98,7 +98,7 @@ class Exporter:
                 )
         return held
 
-    def move(self, tenant: str, session_id: str, to: str, token: str) -> MoveResult:
+    def move(self, tenant: str, session_id: str, to: str, token: str) -> MoveOutResult:
         """Hand one parked session to ``to``; the session is gone from here on success."""
         key = (tenant, session_id)
         live = self.held.get(key)
@@ -114,7 +114,7 @@ class Exporter:
         self.core.registry.release(live)
         return result
 
-    def _move(self, live: LiveSession, to: str, token: str) -> MoveResult:
+    def _move(self, live: LiveSession, to: str, token: str) -> MoveOutResult:
         started = time.perf_counter()
         row = live.row
         to = to.rstrip("/")
@@ -160,7 +160,7 @@ class Exporter:
             ) from exc
         self.core.registry.remove(live)
         self.records.mark(move_id, DONE)
-        return MoveResult(
+        return MoveOutResult(
             move_id=move_id,
             tenant=row.tenant,
             session_id=row.session_id,
@@ -197,7 +197,7 @@ class Exporter:
         self.records.start(move_id, live.row.tenant, live.row.session_id, to)
         return move_id, False
 
-    def _manifest(self, live: LiveSession, move_id: str) -> Manifest:
+    def _manifest(self, live: LiveSession, move_id: str) -> MoveManifest:
         row, geometry = live.row, self.core.geometry
         tier = self.core.tiers.get(row.tier or "")
         digests: list[str] = []
@@ -215,7 +215,7 @@ class Exporter:
             else:
                 digests = block_digests(tier, live.slots)
             keys = [_hex(k) for k in (live.keys or [None] * len(live.slots))]
-        return Manifest(
+        return MoveManifest(
             move_id=move_id,
             source=self.source,
             tenant=row.tenant,
@@ -239,7 +239,7 @@ class Exporter:
         )
 
     def _push(
-        self, peer: Peer, live: LiveSession, tier: HostTier | None, manifest: Manifest
+        self, peer: Peer, live: LiveSession, tier: HostTier | None, manifest: MoveManifest
     ) -> tuple[int, int, int, int]:
         """Begin, send what is missing, commit; again after a dropped connection.
         Returns (blocks sent, blocks the target held, bytes sent, retries)."""

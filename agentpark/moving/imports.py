@@ -28,7 +28,7 @@ from agentpark.moving.wire import (
     ChunkAnswer,
     CommitAnswer,
     LayoutMismatchError,
-    Manifest,
+    MoveManifest,
 )
 from agentpark.parking.core import SessionCore
 from agentpark.parking.registry import LiveSession
@@ -51,7 +51,7 @@ _DONE_KEPT = 4096
 
 @dataclass
 class _Import:
-    manifest: Manifest
+    manifest: MoveManifest
     tier: HostTier
     reservation: Reservation
     keys: list[Hashable | None]
@@ -88,7 +88,7 @@ class Importer:
 
     # ---- begin -----------------------------------------------------------------------------
 
-    def begin(self, manifest: Manifest) -> BeginAnswer:
+    def begin(self, manifest: MoveManifest) -> BeginAnswer:
         """Reserve (or pick up) the move's slots; which blocks are still to send."""
         self._expire()
         move_id = manifest.move_id
@@ -110,7 +110,7 @@ class Importer:
             max_chunk_bytes=self.max_chunk_bytes,
         )
 
-    def _reserve(self, manifest: Manifest) -> _Import:
+    def _reserve(self, manifest: MoveManifest) -> _Import:
         self._check_layout(manifest)
         if self.core.registry.find((manifest.tenant, manifest.session_id)) is not None:
             raise SessionExistsError(manifest.session_id)
@@ -139,7 +139,7 @@ class Importer:
         tiers = self.core.mover.candidates(TierChoice.AUTO)
         return sorted(tiers, key=lambda t: not t.persistent)
 
-    def _check_layout(self, manifest: Manifest) -> None:
+    def _check_layout(self, manifest: MoveManifest) -> None:
         geometry = self.core.geometry
         model_uid = self.core.host.model_uid
         mine = [(list(a.block_shape), a.dtype) for a in geometry.arrays]
@@ -154,7 +154,7 @@ class Importer:
         if why is not None:
             raise LayoutMismatchError(f"cannot take this session: {why}", model_uid=model_uid)
 
-    def _committed(self, manifest: Manifest) -> bool:
+    def _committed(self, manifest: MoveManifest) -> bool:
         """Whether this move was committed here already (an earlier attempt, a restart)."""
         detail = move_detail("from", manifest.source, manifest.move_id)
         live = self.core.registry.find((manifest.tenant, manifest.session_id))
@@ -316,7 +316,7 @@ class Importer:
             )
             self.abort(move_id)
 
-    def _row(self, manifest: Manifest, tokens: list[int]) -> _NewRow:
+    def _row(self, manifest: MoveManifest, tokens: list[int]) -> _NewRow:
         """The session's row: the one deleted here before (revived), or a new one."""
         old = self.core.store.get(manifest.tenant, manifest.session_id)
         if old is not None and old.state != State.DELETED:
@@ -340,7 +340,7 @@ class _NewRow:
     revive: bool
 
 
-def _tokens(manifest: Manifest) -> list[int]:
+def _tokens(manifest: MoveManifest) -> list[int]:
     raw = base64.b64decode(manifest.token_log)
     if len(raw) % 4:
         raise InvalidRequestError("token_log is not int32 values")

@@ -14,7 +14,7 @@ from agentpark.moving.wire import (
     ChunkAnswer,
     CommitAnswer,
     LayoutMismatchError,
-    Manifest,
+    MoveManifest,
     PeerError,
 )
 
@@ -42,7 +42,7 @@ class Peer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def begin(self, manifest: Manifest) -> BeginAnswer:
+    def begin(self, manifest: MoveManifest) -> BeginAnswer:
         answer = self._client.post(
             "/v1/moves/in",
             content=manifest.model_dump_json(),

@@ -15,10 +15,10 @@ __all__ = [
     "DrainToRequest",
     "DrainToResult",
     "LayoutMismatchError",
-    "Manifest",
     "MoveFailure",
-    "MoveRequest",
-    "MoveResult",
+    "MoveManifest",
+    "MoveOutRequest",
+    "MoveOutResult",
     "PeerError",
 ]
 
@@ -40,7 +40,7 @@ class LayoutMismatchError(ConflictError):
     code = "layout_mismatch"
 
 
-class Manifest(BaseModel):
+class MoveManifest(BaseModel):
     """What the target needs to take a parked session over, all but the blocks' bytes."""
 
     move_id: str = Field(pattern=r"^[0-9a-f]{32}$")
@@ -85,14 +85,14 @@ class CommitAnswer(BaseModel):
     blocks_received: int = Field(description="blocks this move wrote (each once)")
 
 
-class MoveRequest(BaseModel):
+class MoveOutRequest(BaseModel):
     tenant: str = Field("default", min_length=1, max_length=128)
     session_id: str = Field(min_length=1, max_length=128)
     to: str = Field(min_length=1, max_length=512, description="the target daemon's URL")
     to_token: str = Field(min_length=1, max_length=256, description="an admin token of it")
 
 
-class MoveResult(BaseModel):
+class MoveOutResult(BaseModel):
     move_id: str
     tenant: str
     session_id: str
