@@ -94,6 +94,11 @@ class Importer:
         move_id = manifest.move_id
         with self._lock:
             pending = self._open.get(move_id)
+        if pending is not None and pending.manifest != manifest:
+            # The source's copy changed between two attempts (resumed and parked again):
+            # what was kept is of the old one.
+            self.abort(move_id)
+            pending = None
         if pending is None and self._committed(manifest):
             return BeginAnswer(
                 move_id=move_id, committed=True, missing=[], max_chunk_bytes=self.max_chunk_bytes
