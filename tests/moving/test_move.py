@@ -140,3 +140,28 @@ def test_a_dropped_connection_is_picked_up_within_one_move(
         assert moved.status_code == 200, moved.text
         assert proxy.cuts == 1 and moved.json()["retries"] >= 1
     assert parked_bytes(pair.b, "long") == kv
+
+
+def test_a_move_picked_up_after_the_session_was_parked_again_sends_the_new_copy(
+    tmp_path: Path, shm_dir: Path, daemon_factory: Callable[[Settings], Daemon]
+) -> None:
+    pair = make_pair(tmp_path, shm_dir, daemon_factory)
+    park_session(pair.a, "long", LONG_PROMPT)
+    exporter = pair.a.app.state.moves.exporter
+    block = pair.a.runtime.parking.geometry.block_nbytes
+    exporter.chunk_bytes, exporter.retries = block, 0
+    port = int(pair.b.url.rsplit(":", 1)[1])
+    with CuttingProxy(port, cut_after=8192 + 4 * block) as proxy:
+        proxy.refuse_after_cut = True
+        assert pair.move("long", to=proxy.url).status_code == 502
+        # The agent came back meanwhile and was parked again: another copy.
+        c = pair.a.client
+        c.post("/v1/sessions/long/generate", json={"prompt": " more", "max_new_tokens": 3})
+        assert c.post("/v1/sessions/long/pause", json={"tier": "shm"}).status_code == 200
+        kv = parked_bytes(pair.a, "long")
+        proxy.refuse = False
+        moved = pair.move("long", to=proxy.url)
+        assert moved.status_code == 200, moved.text
+    assert moved.json()["resumed"] is True
+    assert parked_bytes(pair.b, "long") == kv
+    pair.b.runtime.parking.check_invariants()
