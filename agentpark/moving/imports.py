@@ -327,7 +327,7 @@ class Importer:
         if old is not None and old.state != State.DELETED:
             raise SessionExistsError(manifest.session_id)
         row = old or SessionRow(session_id=manifest.session_id, tenant=manifest.tenant)
-        row.state, row.tier, row.num_tokens = State.PARKED, None, len(tokens)
+        row.tier, row.num_tokens = None, len(tokens)  # the transition parks it
         row.created_at, row.last_active_at = manifest.created_at, manifest.last_active_at
         row.paused_at, row.pause_count = manifest.paused_at, manifest.pause_count
         row.tool, row.expected_resume_at = manifest.tool, manifest.expected_resume_at
