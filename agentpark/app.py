@@ -15,7 +15,18 @@ from typing import Any
 from fastapi import FastAPI
 
 from agentpark import __version__
-from agentpark.api import admin, dashboard, host, metrics, sessions, stream, tokens, turns, vllm
+from agentpark.api import (
+    admin,
+    dashboard,
+    host,
+    metrics,
+    moves,
+    sessions,
+    stream,
+    tokens,
+    turns,
+    vllm,
+)
 from agentpark.api.auth_limit import AuthLimiter
 from agentpark.api.deps import SpecLimits, served_spec
 from agentpark.api.handlers import AllowMiddleware, BodyLimitMiddleware, install_error_handlers
@@ -24,6 +35,7 @@ from agentpark.auth import Gate, TokenStore, is_loopback
 from agentpark.config import Settings
 from agentpark.errors import AgentparkError, ConfigError
 from agentpark.eventstream import EventHub
+from agentpark.moving import MoveService
 from agentpark.runtime import Runtime
 from agentpark.statedir import StateLock
 
@@ -116,6 +128,7 @@ def create_app(
             limits.max_peers,
             count=runtime.metrics.count_auth_failure,
         )
+        app.state.moves = MoveService.start(runtime)
         if runtime.vllm is not None:  # the control socket's hello checks tokens as REST does
             runtime.vllm.gate = app.state.gate
         warm = threading.Thread(
@@ -132,6 +145,7 @@ def create_app(
             end_streams(app)
             runtime.sampler.stop()
             warm.join()
+            app.state.moves.close()  # open imports give their reserved slots back
             try:
                 runtime.shutdown()
             finally:
@@ -156,6 +170,7 @@ def create_app(
         metrics.router,
         dashboard.router,
         vllm.router,
+        moves.router,
     )
     for router in routers:
         app.include_router(router)

@@ -128,3 +128,5 @@ class EventKind(StrEnum):
     PAUSE_FAILED = "pause_failed"
     RESTORE_FAILED = "restore_failed"
     MOVE_FAILED = "move_failed"
+    MOVED_OUT = "moved_out"  # handed to another daemon (detail names it): gone from here
+    MOVED_IN = "moved_in"  # taken over from another daemon, parked here

@@ -75,6 +75,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     # The part factories (one composition root), then the daemon they make.
     ("parts", ("agentpark.parts",)),
     ("runtime", ("agentpark.runtime",)),
+    # Sessions handed between daemons: the core's sessions, a client of the other daemon.
+    ("moving", ("agentpark.moving",)),
     ("api", ("agentpark.api", "agentpark.dashboard")),
     ("app", ("agentpark.app",)),
     ("bench", ("agentpark.bench",)),

@@ -61,6 +61,16 @@ def add_bench_commands(commands: Commands, sub: Subparsers[argparse.ArgumentPars
     connector.set_defaults(run=bench_connector)
     _add_agents(commands, bench_sub)
     _add_vllm(commands, bench_sub)
+    move = commands.add(
+        bench_sub,
+        "move",
+        help="parked sessions moved between two daemons (drain to a peer): bytes/s against "
+        "a plain loopback socket copy of the same bytes, and the drained host's hand-over time",
+    )
+    move.add_argument("--sessions", type=int, default=8, help="parked sessions per run")
+    move.add_argument("--tokens", type=int, default=2048, help="tokens per session")
+    move.add_argument("--repeats", type=int, default=3, help="runs (medians)")
+    move.set_defaults(run=bench_move)
 
 
 def _add_transfer(commands: Commands, bench_sub: Subparsers[argparse.ArgumentParser]) -> None:
@@ -343,3 +353,10 @@ def parse_size(text: str) -> int:
         return int(TypeAdapter(ByteSize).validate_python(text.strip()))
     except ValidationError:
         raise SystemExit(f"agentpark: cannot read size {text!r} (e.g. 64MiB, 1GiB)") from None
+
+
+def bench_move(args: argparse.Namespace) -> int:
+    from agentpark.bench.move import run_move_bench
+
+    run_move_bench(sessions=args.sessions, tokens=args.tokens, repeats=args.repeats)
+    return 0

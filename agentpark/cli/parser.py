@@ -9,6 +9,7 @@ from pathlib import Path
 from agentpark.cli.bench import add_bench_commands
 from agentpark.cli.common import CONFIG_HELP, Commands
 from agentpark.cli.db import add_db_commands
+from agentpark.cli.moves import add_move_commands
 from agentpark.cli.serve import add_serve_command
 from agentpark.cli.status_drain import add_status_drain_commands
 from agentpark.cli.tokens import add_token_commands
@@ -18,7 +19,7 @@ __all__ = ["DESCRIPTION", "build_parser"]
 
 DESCRIPTION = """\
 Command line: ``agentpark serve | db upgrade | db cleanup | token ... | status | drain |
-bench ... | make-model | vllm serve | vllm demo``.
+session move | bench ... | make-model | vllm serve | vllm demo``.
 
 ``--config FILE`` may come before the subcommand or after it (``agentpark serve --config
 FILE``); ``status`` and ``drain`` talk to the daemon through ``agentpark.client`` (with
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_db_commands(commands, sub)
     add_token_commands(commands, sub)
     add_status_drain_commands(commands, sub)
+    add_move_commands(commands, sub)
     add_bench_commands(commands, sub)
     add_vllm_commands(commands, sub)
     return parser

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from agentpark.cli.common import Commands, Subparsers, settings_of, token_of
+from agentpark.cli.moves import add_to_arguments, run_drain_to
 
 __all__ = ["add_status_drain_commands", "run_drain", "run_status"]
 
@@ -16,8 +17,11 @@ def add_status_drain_commands(commands: Commands, sub: Subparsers[argparse.Argum
         sub,
         "drain",
         commands.client,
-        help="park every session of a running daemon into shm/disk, then stop it",
+        help="park every session of a running daemon into shm/disk, then stop it; with "
+        "--to, hand its parked sessions to another daemon instead (it keeps running)",
     )
+    add_to_arguments(drain, required=False)
+    drain.add_argument("--tenant", default=None, help="with --to: only this tenant's sessions")
     drain.set_defaults(run=run_drain)
     status = commands.add(
         sub, "status", commands.client, help="print a running daemon's /v1/host as a table"
@@ -34,6 +38,8 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_drain(args: argparse.Namespace) -> int:
+    if args.to:
+        return run_drain_to(args)
     import httpx
 
     from agentpark.client import AgentparkAPIError, AgentparkClient

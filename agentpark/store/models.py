@@ -19,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["ApiTokenRow", "Base", "EventRow", "HostSampleRow", "SessionRow"]
+__all__ = ["ApiTokenRow", "Base", "EventRow", "HostSampleRow", "MoveRow", "SessionRow"]
 
 
 class Base(DeclarativeBase):
@@ -164,3 +164,24 @@ class ApiTokenRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     last_used_at: Mapped[float | None] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float)
+
+
+class MoveRow(Base):
+    """A session this daemon is handing to another (agentpark.moving): the source's record.
+
+    Written (``sending``) before the first byte goes out and closed (``done``) in the
+    write after the session was dropped here. A ``sending`` row whose session is still
+    parked here is in doubt: the target may have committed it, so this daemon does not
+    serve it until the move is run again and the target says which.
+    """
+
+    __tablename__ = "moves"
+    __table_args__ = (Index("ix_moves_state", "state"),)
+
+    move_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    session_id: Mapped[str] = mapped_column(String(128))
+    peer: Mapped[str] = mapped_column(String(512))
+    state: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)

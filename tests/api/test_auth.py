@@ -74,6 +74,12 @@ SCOPE: dict[tuple[str, str], Scope] = {
     ("GET", "/v1/admin/tokens"): Scope.ADMIN,
     ("POST", "/v1/admin/tokens"): Scope.ADMIN,
     ("DELETE", "/v1/admin/tokens/{token_id}"): Scope.ADMIN,
+    ("POST", "/v1/moves"): Scope.ADMIN,
+    ("POST", "/v1/moves/drain"): Scope.ADMIN,
+    ("POST", "/v1/moves/in"): Scope.ADMIN,
+    ("PUT", "/v1/moves/in/{move_id}/blocks"): Scope.ADMIN,
+    ("POST", "/v1/moves/in/{move_id}/commit"): Scope.ADMIN,
+    ("DELETE", "/v1/moves/in/{move_id}"): Scope.ADMIN,
 }
 # A body each route accepts, so a request that passes the guard is a real one.
 BODIES: dict[tuple[str, str], Any] = {
@@ -82,6 +88,9 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", f"{SESSION}/pause"): {"force": True},
     ("POST", f"{SESSION}/move"): {"tier": "shm"},
     ("POST", "/v1/admin/tokens"): {"tenant": "made-by-admin", "scopes": ["sessions"]},
+    # A target nobody listens on: the session is not parked (409) or no tenant has any.
+    ("POST", "/v1/moves"): {"session_id": "s", "to": "http://127.0.0.1:9", "to_token": "t"},
+    ("POST", "/v1/moves/drain"): {"to": "http://127.0.0.1:9", "to_token": "t", "tenant": "-"},
 }
 
 
@@ -122,6 +131,7 @@ QUERIES = {("GET", "/v1/events/stream"): "?follow=false"}
 
 def _url(path: str, session_id: str) -> str:
     path = path.replace("{session_id}", session_id).replace("{token_id}", "0123456789ab")
+    path = path.replace("{move_id}", "0" * 32)
     return path.replace("{request_id}", "chatcmpl-unknown")
 
 

@@ -45,6 +45,17 @@ OPEN = {
     ("GET", "/dashboard"),
 }
 
+# A move asked of the source (agentpark.moving): the target's refusals come back as its own.
+MOVE_OUT = {
+    **TOO_LARGE,
+    404: {"session_not_found"},
+    409: {"session_busy", "invalid_state", "layout_mismatch"},
+    422: {"invalid_request"},
+    502: {"peer_failed"},
+    503: {"storage_unavailable"},
+    507: {"tier_full"},
+}
+
 # Per route: the error statuses it must document, and the codes each must list.
 _OWN_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
     ("POST", "/v1/sessions"): {
@@ -106,6 +117,21 @@ _OWN_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
     ("GET", "/metrics"): BAD_REQUEST,
     ("GET", "/dashboard"): {},
     ("GET", "/v1/vllm"): {409: {"invalid_state"}},
+    **{("POST", path): MOVE_OUT for path in ("/v1/moves", "/v1/moves/drain")},
+    ("POST", "/v1/moves/in"): {
+        **TOO_LARGE,
+        409: {"session_exists", "layout_mismatch"},
+        422: {"invalid_request"},
+        503: {"not_ready"},
+        507: {"tier_full"},
+    },
+    ("PUT", "/v1/moves/in/{move_id}/blocks"): {**TOO_LARGE, 422: {"invalid_request"}},
+    ("POST", "/v1/moves/in/{move_id}/commit"): {
+        409: {"session_exists"},
+        422: {"invalid_request"},
+        503: {"storage_unavailable"},
+    },
+    ("DELETE", "/v1/moves/in/{move_id}"): BAD_REQUEST,
 }
 REQUIRED_ERRORS = {
     key: errors if key in OPEN else {**errors, **AUTH} for key, errors in _OWN_ERRORS.items()
@@ -114,7 +140,7 @@ REQUIRED_ERRORS = {
 # Routes whose answer is text, not JSON.
 TEXT_ROUTES = {("GET", "/metrics"), ("GET", "/dashboard"), ("GET", "/v1/events/stream")}
 # Routes that answer with no body at all.
-NO_CONTENT = {("DELETE", SESSION)}
+NO_CONTENT = {("DELETE", SESSION), ("DELETE", "/v1/moves/in/{move_id}")}
 # Fields free-form by nature: what the caller stored, and an error's details.
 FREE_FORM = {("SessionOut", "metadata"), ("ErrorInfo", "details")}
 # Words a route function's name starts with (verb_noun).

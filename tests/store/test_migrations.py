@@ -24,7 +24,7 @@ def test_upgrade_head_on_an_empty_file_makes_the_schema_the_models_describe(
         with engine.connect() as conn:
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
             context = MigrationContext.configure(conn, opts={"compare_type": True})
-            assert context.get_current_revision() == "0008"
+            assert context.get_current_revision() == "0009"
             assert compare_metadata(context, Base.metadata) == []
     finally:
         engine.dispose()
@@ -37,7 +37,7 @@ def test_upgrade_is_idempotent(tmp_path: Path) -> None:
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            assert MigrationContext.configure(conn).get_current_revision() == "0008"
+            assert MigrationContext.configure(conn).get_current_revision() == "0009"
     finally:
         engine.dispose()
 

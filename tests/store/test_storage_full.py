@@ -68,7 +68,7 @@ class FullVolume:
             conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
             pages = conn.exec_driver_sql("PRAGMA page_count").scalar_one()
         if self.mounted:
-            with self.filler.open("wb") as f:
+            with self.filler.open("wb", buffering=0) as f:  # no residue left to flush
                 chunk = b"\0" * 65536
                 with contextlib.suppress(OSError):
                     while True:

@@ -13,6 +13,8 @@ lose               any -> LOST with a reason (checksum, tier file gone, drain, t
 turn               PARKED | LOST | ACTIVE -> ACTIVE: an external engine computed a turn
 tool_return        the agent is back from its tool: how long the tool took
 delete             any -> DELETED
+moved_out          PARKED -> DELETED: handed to another daemon (an event names it)
+moved_in           none -> PARKED: taken over from another daemon, verified
 =================  =====================================================================
 
 Pausing, restoring, the in-process driver's pressure relief, drain and the external
@@ -26,13 +28,14 @@ session as it was, its blocks and slots included.
 from __future__ import annotations
 
 from agentpark.parking.transitions.ends import Endings
+from agentpark.parking.transitions.moves import Moves
 from agentpark.parking.transitions.parks import Parks
 from agentpark.parking.transitions.restores import Restores
 
 __all__ = ["Transitions"]
 
 
-class Transitions(Parks, Restores, Endings):
+class Transitions(Parks, Restores, Endings, Moves):
     """The state machine's edges over one core's event log, tally, mover and host.
 
     Every method expects the caller to hold the session (its registry operation).

@@ -1,0 +1,241 @@
+"""``agentpark bench move``: parked sessions handed between two daemons on this machine.
+
+Two real daemons (uvicorn on loopback, in threads of this process, agentpark.bench.daemon),
+each with its own state dir and /dev/shm tier. After one untimed warm-up move, each run
+parks ``sessions`` sessions of ``tokens`` random tokens on A, then drains them to B
+(``POST /v1/moves/drain``: every block read from A's tier, sent over HTTP in chunks,
+verified against its digest and written into B's tier, each session committed on B and
+dropped on A). In the same run a
+plain loopback TCP copy moves the same number of bytes between preallocated buffers (the
+floor any move over a socket pays). Printed per run and as medians: the move's bytes per
+second, the socket's, their ratio (taken within one run), and the time the drained host
+took to hand over all its sessions; then the load average, since this machine is shared.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from rich.table import Table
+
+from agentpark.auth import Scope
+from agentpark.bench.common import MiB, stdout_console
+from agentpark.bench.daemon import ThreadDaemon
+from agentpark.config import Settings, load_settings
+
+__all__ = ["BENCH_MODEL", "MoveRun", "run_move_bench", "socket_copy_s"]
+
+BENCH_MODEL: dict[str, int] = {
+    "d_model": 256,
+    "n_layers": 8,
+    "n_heads": 8,
+    "n_kv_heads": 8,
+    "head_dim": 32,
+    "ffn_dim": 512,
+}
+"""Wide KV for its compute: 128 KiB per 16-token block (bfloat16), cheap to prefill on a CPU."""
+TARGET_RATIO = 0.8
+
+
+@dataclass
+class MoveRun:
+    sessions: int
+    nbytes: int
+    drain_s: float
+    socket_s: float
+
+    @property
+    def move_bps(self) -> float:
+        return self.nbytes / self.drain_s
+
+    @property
+    def socket_bps(self) -> float:
+        return self.nbytes / self.socket_s
+
+    @property
+    def ratio(self) -> float:
+        return self.move_bps / self.socket_bps
+
+
+def socket_copy_s(nbytes: int, chunk: int) -> float:
+    """Seconds to send ``nbytes`` over a loopback TCP connection, ``chunk`` bytes per
+    send, from one preallocated buffer into another (a reader thread)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    src = b"\x01" * chunk
+    dst = bytearray(chunk)
+    done = threading.Event()
+
+    def read() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            view, got = memoryview(dst), 0
+            while got < nbytes:
+                n = conn.recv_into(view, min(chunk, nbytes - got))
+                if n == 0:
+                    break
+                got += n
+            conn.sendall(b"k")
+        done.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        started = time.perf_counter()
+        sent = 0
+        while sent < nbytes:
+            n = min(chunk, nbytes - sent)
+            conn.sendall(memoryview(src)[:n])
+            sent += n
+        conn.recv(1)
+        elapsed = time.perf_counter() - started
+    reader.join(timeout=60)
+    listener.close()
+    return elapsed
+
+
+def _settings(root: Path, name: str, tokens: int, sessions: int, model: dict[str, int]) -> Settings:
+    probe = load_settings(None, state_dir=root / name, model={**model, "max_seq_len": tokens + 32})
+    blocks = -(-tokens // probe.pool.block_size) + 1
+    block_bytes = 2 * model["n_layers"] * probe.pool.block_size * model["n_kv_heads"]
+    block_bytes *= model["head_dim"] * 2  # bfloat16
+    return load_settings(
+        None,
+        state_dir=root / name,
+        model={**model, "max_seq_len": tokens + 32},
+        pool={"num_blocks": 2 * blocks + 8},
+        tiers={
+            "dram": {"capacity": 0},
+            "shm": {"capacity": 2 * sessions * blocks * block_bytes, "path": root / f"{name}.shm"},
+        },
+        policy={"idle_pause_after_s": 0},
+        limits={"max_body_bytes": 16 * MiB},
+        shutdown={"drain": False},
+    )
+
+
+def _admin(daemon: ThreadDaemon) -> str:
+    token, _ = daemon.app.state.gate.store.create("default", frozenset(Scope))
+    return str(token)
+
+
+def _park(client: httpx.Client, session_id: str, tokens: int, rng: np.random.Generator) -> None:
+    client.post("/v1/sessions", json={"session_id": session_id}).raise_for_status()
+    prompt = rng.integers(0, 256, tokens - 1).tolist()
+    body = {"prompt_tokens": prompt, "max_new_tokens": 1}
+    client.post(f"/v1/sessions/{session_id}/generate", json=body).raise_for_status()
+    paused = client.post(f"/v1/sessions/{session_id}/pause", json={"tier": "shm"})
+    paused.raise_for_status()
+    if paused.json()["state"] != "parked":
+        raise RuntimeError(f"{session_id} did not park: {paused.text}")
+
+
+def run_move_bench(
+    sessions: int = 8,
+    tokens: int = 2048,
+    repeats: int = 3,
+    model: dict[str, int] | None = None,
+    seed: int = 0,
+) -> list[MoveRun]:
+    """Run it and print the table; returns the runs (the unit test reads them)."""
+    model = model or BENCH_MODEL
+    console = stdout_console()
+    rng = np.random.default_rng(seed)
+    root = Path(tempfile.mkdtemp(prefix="agentpark-bench-move-", dir="/dev/shm"))
+    daemons: list[ThreadDaemon] = []
+    runs: list[MoveRun] = []
+    try:
+        a = ThreadDaemon.start(_settings(root, "a", tokens, sessions, model))
+        daemons.append(a)
+        b = ThreadDaemon.start(_settings(root, "b", tokens, sessions, model))
+        daemons.append(b)
+        a_token, b_token = _admin(a), _admin(b)
+        with (
+            httpx.Client(base_url=a.url, timeout=600, headers=_bearer(a_token)) as on_a,
+            httpx.Client(base_url=b.url, timeout=600, headers=_bearer(b_token)) as on_b,
+        ):
+            # A first move, not timed: connections, the target's first imports, SQLite's
+            # first writes of the moves table (the first run was 4x slower without it).
+            _one_run(-1, on_a, on_b, b.url, b_token, 1, tokens, rng)
+            for run in range(repeats):
+                runs.append(_one_run(run, on_a, on_b, b.url, b_token, sessions, tokens, rng))
+    finally:
+        for daemon in reversed(daemons):
+            daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    _print(console, runs, sessions, tokens)
+    return runs
+
+
+def _one_run(
+    run: int,
+    on_a: httpx.Client,
+    on_b: httpx.Client,
+    b_url: str,
+    b_token: str,
+    sessions: int,
+    tokens: int,
+    rng: np.random.Generator,
+) -> MoveRun:
+    ids = [f"run{run}-s{i}" for i in range(sessions)]
+    for sid in ids:
+        _park(on_a, sid, tokens, rng)
+    started = time.perf_counter()
+    answer = on_a.post("/v1/moves/drain", json={"to": b_url, "to_token": b_token})
+    drain_s = time.perf_counter() - started
+    answer.raise_for_status()
+    out: dict[str, Any] = answer.json()
+    if out["moved"] != sessions or out["failed"]:
+        raise RuntimeError(f"drain moved {out['moved']} of {sessions}: {out['failed']}")
+    nbytes = int(out["bytes_sent"])
+    socket_s = socket_copy_s(nbytes, 16 * MiB)
+    for sid in ids:  # B's room for the next run
+        on_b.delete(f"/v1/sessions/{sid}").raise_for_status()
+    return MoveRun(sessions, nbytes, drain_s, socket_s)
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _print(console: Any, runs: list[MoveRun], sessions: int, tokens: int) -> None:
+    table = Table(title=f"move: {sessions} parked sessions of {tokens} tokens, A -> B (drain)")
+    for column in ("run", "MiB", "move MB/s", "socket MB/s", "ratio", "drain s", "per session ms"):
+        table.add_column(column, justify="right")
+    for i, r in enumerate(runs):
+        table.add_row(
+            str(i),
+            f"{r.nbytes / MiB:.1f}",
+            f"{r.move_bps / 1e6:.0f}",
+            f"{r.socket_bps / 1e6:.0f}",
+            f"{r.ratio:.2f}",
+            f"{r.drain_s:.3f}",
+            f"{r.drain_s * 1e3 / r.sessions:.1f}",
+        )
+    med = statistics.median
+    table.add_row(
+        "median",
+        f"{med(r.nbytes for r in runs) / MiB:.1f}",
+        f"{med(r.move_bps for r in runs) / 1e6:.0f}",
+        f"{med(r.socket_bps for r in runs) / 1e6:.0f}",
+        f"{med(r.ratio for r in runs):.2f}",
+        f"{med(r.drain_s for r in runs):.3f}",
+        f"{med(r.drain_s * 1e3 / r.sessions for r in runs):.1f}",
+    )
+    console.print(table)
+    ratio = med(r.ratio for r in runs)
+    verdict = "meets" if ratio >= TARGET_RATIO else "misses"
+    console.print(f"median ratio {ratio:.2f} {verdict} the target of {TARGET_RATIO}x a socket copy")
+    load = os.getloadavg()
+    console.print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cpus)")

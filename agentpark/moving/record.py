@@ -1,0 +1,91 @@
+"""The source's hand-over record (``moves`` table): which moves it started, how far.
+
+=============  ==========================================================================
+sending        the manifest or blocks are on their way: the session is the source's
+committing     the commit was asked of the target and its answer not yet seen: the
+               target may own the session; the source serves nothing of it
+done           the source dropped its copy (or the target refused): nothing left to do
+=============  ==========================================================================
+
+The target's record is its session row with the ``moved_in`` event of the move, written
+in one transaction (agentpark.parking.transitions.moves): whoever finds that event owns
+the session.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from agentpark.store.models import MoveRow
+
+__all__ = ["COMMITTING", "DONE", "SENDING", "MoveRecords"]
+
+SENDING, COMMITTING, DONE = "sending", "committing", "done"
+
+
+class MoveRecords:
+    """The ``moves`` rows of this daemon's database, on an engine of their own."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._factory = sessionmaker(engine, expire_on_commit=False)
+
+    @classmethod
+    def open(cls, database_url: str) -> MoveRecords:
+        from agentpark.store.db import open_database
+
+        engine, _ = open_database(database_url)
+        return cls(engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def start(self, move_id: str, tenant: str, session_id: str, peer: str) -> None:
+        with self._factory.begin() as db:
+            db.add(
+                MoveRow(
+                    move_id=move_id,
+                    tenant=tenant,
+                    session_id=session_id,
+                    peer=peer,
+                    state=SENDING,
+                    started_at=time.time(),
+                )
+            )
+
+    def mark(self, move_id: str, state: str) -> None:
+        finished = time.time() if state == DONE else None
+        with self._factory.begin() as db:
+            db.execute(
+                update(MoveRow)
+                .where(MoveRow.move_id == move_id)
+                .values(state=state, finished_at=finished)
+            )
+
+    def open_for(self, tenant: str, session_id: str) -> MoveRow | None:
+        """The session's move not done, if any (the newest)."""
+        with self._factory() as db:
+            return _first(db, tenant, session_id)
+
+    def unfinished(self) -> list[MoveRow]:
+        with self._factory() as db:
+            stmt = select(MoveRow).where(MoveRow.state != DONE).order_by(MoveRow.started_at)
+            return list(db.scalars(stmt))
+
+
+def _first(db: Session, tenant: str, session_id: str) -> MoveRow | None:
+    stmt = (
+        select(MoveRow)
+        .where(
+            MoveRow.tenant == tenant,
+            MoveRow.session_id == session_id,
+            MoveRow.state != DONE,
+        )
+        .order_by(MoveRow.started_at.desc())
+        .limit(1)
+    )
+    return db.scalars(stmt).first()
