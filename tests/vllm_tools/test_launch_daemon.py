@@ -21,8 +21,10 @@ from typing import Any
 
 import pytest
 
+from agentpark import cli
 from agentpark.config import Settings
 from agentpark.statedir import StateLock
+from agentpark.vllm_tools import launch as launcher
 from tests.harness import Daemon, free_port, wait_until
 
 STAND_IN = """
@@ -219,3 +221,26 @@ def test_a_daemon_that_cannot_start_is_said_in_one_line_and_vllm_never_starts(
         assert _daemons_in(tmp_path) == []
     finally:
         held.release()
+
+
+def test_a_daemon_named_with_daemon_is_used_as_it_is_or_refused(
+    make_settings: Callable[..., Settings],
+    daemon_factory: Callable[[Settings], Daemon],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """``--daemon URL``: the explicit path; the launcher starts nothing in its place."""
+    reference = daemon_factory(make_settings())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(launcher, "vllm_installed", lambda: True)  # STAND-IN: no vLLM here
+
+    def no_exec(*args: object) -> None:
+        raise AssertionError("vLLM must not start")
+
+    monkeypatch.setattr(os, "execve", no_exec)
+    assert cli.main(["vllm", "serve", "./m", "--daemon", reference.url]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"agentpark: the daemon at {reference.url} does not serve vLLM")
+    assert "leave out --daemon and the launcher starts one" in line
+    assert not (tmp_path / ".agentpark").exists()  # no daemon of its own was started
