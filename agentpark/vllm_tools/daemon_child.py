@@ -74,6 +74,8 @@ def pick_port(host: str, preferred: int) -> int:
         if not 0 <= port <= 65535:
             continue
         with socket.socket() as sock:
+            # As uvicorn binds: a port a stopped daemon left in TIME_WAIT is free to it.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((host, port))
             except OSError:
