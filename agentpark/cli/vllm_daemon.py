@@ -68,9 +68,9 @@ def main(argv: list[str]) -> int:
     _die_with_parent(int(argv[0]))
     state_dir = Path(os.environ["AGENTPARK_STATE_DIR"])
     try:
-        from agentpark import cli
+        from agentpark.cli.entry import main as cli_main
 
-        return cli.main(["serve", *argv[1:]])
+        return cli_main(["serve", *argv[1:]])
     except _Stopped:
         return 0
     finally:
