@@ -34,7 +34,10 @@ def add_vllm_commands(commands: Commands, sub: Subparsers[argparse.ArgumentParse
     )
     vllm_serve.add_argument("model", help="model directory or name, vLLM's --model")
     vllm_serve.add_argument(
-        "--daemon", help="the agentpark daemon's URL (default: from the config's server section)"
+        "--daemon",
+        help="the agentpark daemon's URL, used as it is (default: the config's server "
+        "section; when nothing answers there or that daemon is not in vLLM mode, one in "
+        "vLLM mode is started for this vLLM, state <state_dir>/vllm, and stopped with it)",
     )
     vllm_serve.add_argument(
         "--token",
@@ -91,21 +94,26 @@ def run_make_model(args: argparse.Namespace) -> int:
 
 
 def run_vllm_serve(args: argparse.Namespace) -> int:
-    from agentpark.vllm_tools.launch import local_daemon_url, serve
+    from agentpark.cli.common import env_config
+    from agentpark.vllm_tools.launch import AutoDaemon, local_daemon_url, serve
 
     daemon: str | None = None
+    auto: AutoDaemon | None = None
     if not args.no_connector:
         if args.daemon:
-            daemon = args.daemon
+            daemon = args.daemon  # this one or none: the launcher starts nothing
         else:
-            server = load_settings(args.config).server
-            daemon = local_daemon_url(server.host, server.port)
+            settings = load_settings(args.config)
+            daemon = local_daemon_url(settings.server.host, settings.server.port)
+            config = args.config or env_config()
+            auto = AutoDaemon(settings.state_dir, settings.server.port, config)
     return serve(
         args.model,
         daemon_url=daemon,
         token=args.token or os.environ.get("AGENTPARK_TOKEN") or None,
         extra_args=args.extra_args,
         dry_run=args.dry_run,
+        auto=auto,
     )
 
 

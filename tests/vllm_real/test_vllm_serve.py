@@ -1,6 +1,9 @@
 """``agentpark vllm serve`` against real vLLM: a make-model checkpoint serves chats through the
 OpenAI SDK, vLLM gets the extra arguments unchanged and the launcher's environment, and the
-fixtures' servers restart on their port and stop cleanly (no process left)."""
+fixtures' servers restart on their port and stop cleanly (no process left).
+
+The README's quick start (its two commands, then its SDK examples against them) is
+tests/vllm_real/test_quickstart.py."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ from typing import Any
 
 import httpx
 import psutil
-import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
@@ -127,18 +129,3 @@ def test_server_options_restart_and_clean_stop(start_vllm: StartVllm, tiny_model
     server.stop(signal.SIGINT)  # Ctrl-C
     assert server.killed == [], "vLLM did not stop on SIGINT"
     assert all(_gone(pid) for pid in after)
-
-
-def test_readme_chat_example_runs(
-    plain_vllm: VllmServer, tiny_model: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("### Talking to it: the OpenAI SDK", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    assert code.count('"http://127.0.0.1:8000/v1"') == 1 and code.count('"./tiny"') == 2
-    code = code.replace('"http://127.0.0.1:8000/v1"', repr(plain_vllm.base_url))
-    code = code.replace('"./tiny"', repr(str(tiny_model)))
-    exec(compile(code, "README.md", "exec"), {})  # a plain server: no connector to answer
-    printed = capsys.readouterr().out.splitlines()
-    assert len(printed) >= 3
-    assert "cached_tokens" in printed[-1]
