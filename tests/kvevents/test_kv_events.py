@@ -1,0 +1,154 @@
+"""[kv_events]: a real daemon's parked blocks, seen by a ZMQ subscriber as a router sees them.
+
+Every key advertised is findable in its tier (a load here would serve it) and every key
+removed is not; the hashes are the keys' own chain (kvkeys), the tokens the blocks' own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from agentpark.config import Settings
+from agentpark.kvevents.advertiser import Advertiser, _Removed
+from agentpark.kvevents.wire import external_hash
+from tests.harness import Daemon, free_port
+from tests.kvevents.subscriber import Subscriber
+
+FIRST = {
+    "prompt": "Plan a trip; call the flight search tool, then the hotel one.",
+    "max_new_tokens": 40,
+}
+
+
+def kv_events(**extra: object) -> dict[str, object]:
+    return {
+        "endpoint": f"tcp://127.0.0.1:{free_port()}",
+        "replay_endpoint": f"tcp://127.0.0.1:{free_port()}",
+        **extra,
+    }
+
+
+@pytest.fixture
+def subscribe() -> Iterator[Callable[[Daemon], Subscriber]]:
+    subs: list[Subscriber] = []
+
+    def make(daemon: Daemon) -> Subscriber:
+        cfg = daemon.settings.kv_events
+        sub = Subscriber(cfg.endpoint, cfg.replay_endpoint)
+        sub.catch_up()
+        subs.append(sub)
+        return sub
+
+    yield make
+    for sub in subs:
+        sub.close()
+
+
+def park(c: httpx.Client, sid: str, tier: str = "dram") -> None:
+    assert c.post("/v1/sessions", json={"session_id": sid}).status_code in (200, 201)
+    assert c.post(f"/v1/sessions/{sid}/generate", json=FIRST).status_code == 200
+    parked = c.post(f"/v1/sessions/{sid}/pause", json={"tier": tier}).json()
+    assert parked["state"] == "parked", parked
+
+
+def chain(daemon: Daemon, sid: str) -> list[bytes]:
+    core = daemon.runtime.parking
+    live = core.registry.find(("default", sid))
+    assert live is not None
+    return core.mover.hasher.chain(live.tokens, cache_salt=live.cache_salt, lora=live.lora)
+
+
+def findable(daemon: Daemon, tier: str, h: bytes) -> bool:
+    return bool(daemon.runtime.parking.tiers[tier].find([("default", h)]))
+
+
+def test_park_delete_and_ttl_store_and_remove_exactly_the_loadable_blocks(
+    make_settings: Callable[..., Settings],
+    daemon_factory: Callable[[Settings], Daemon],
+    subscribe: Callable[[Daemon], Subscriber],
+) -> None:
+    daemon = daemon_factory(make_settings(kv_events=kv_events(block_hashes="bytes")))
+    sub = subscribe(daemon)
+    assert sub.events("AllBlocksCleared"), "a daemon starts by clearing what it said before"
+    c = daemon.client
+
+    park(c, "a")
+    keys = chain(daemon, "a")
+    assert len(keys) >= 3
+    sub.wait_for(lambda: sub.held.get("CPU_DRAM") == set(keys))
+    stored = sub.events("BlockStored")
+    live = daemon.runtime.parking.registry.find(("default", "a"))
+    assert live is not None
+    bs = daemon.settings.pool.block_size
+    assert [h for e in stored for h in e.block_hashes] == keys  # in chain order, once
+    first = stored[0]
+    assert first.parent_block_hash is None and first.block_size == bs
+    assert first.medium == "CPU_DRAM" and first.lora_id is None
+    assert [t for e in stored for t in e.token_ids] == live.tokens[: len(keys) * bs]
+    assert all(findable(daemon, "dram", h) for h in sub.all_held())
+
+    park(c, "b", "shm")
+    sub.wait_for(lambda: len(sub.held.get("CPU_SHM", ())) == len(chain(daemon, "b")))
+    assert all(findable(daemon, "shm", h) for h in sub.held["CPU_SHM"])
+
+    assert c.delete("/v1/sessions/a").status_code in (200, 204)
+    sub.wait_for(lambda: not sub.held.get("CPU_DRAM"))
+    removed = [h for e in sub.events("BlockRemoved") for h in e.block_hashes]
+    assert sorted(removed) == sorted(keys)
+    assert not any(findable(daemon, "dram", h) for h in removed)
+
+    ticked = daemon.runtime.policy.tick(time.time() + daemon.settings.policy.parked_ttl_s + 1)
+    assert ticked != []
+    assert c.get("/v1/sessions/b").json()["state"] == "lost"
+    sub.wait_for(lambda: not sub.all_held())
+    assert sub.seqs == list(range(len(sub.seqs)))  # every batch, once, in order
+
+
+def test_int_hashes_are_the_low_64_bits_as_vllm_publishes_them(
+    make_settings: Callable[..., Settings],
+    daemon_factory: Callable[[Settings], Daemon],
+    subscribe: Callable[[Daemon], Subscriber],
+) -> None:
+    daemon = daemon_factory(make_settings(kv_events=kv_events()))
+    sub = subscribe(daemon)
+    park(daemon.client, "a")
+    keys = chain(daemon, "a")
+    want = [int.from_bytes(k[-8:], "big") for k in keys]
+    assert want == [external_hash(k, "int") for k in keys]
+    sub.wait_for(lambda: sub.held.get("CPU_DRAM") == set(want))
+
+
+def test_other_tenants_blocks_are_not_advertised(
+    make_settings: Callable[..., Settings],
+    daemon_factory: Callable[[Settings], Daemon],
+    subscribe: Callable[[Daemon], Subscriber],
+) -> None:
+    daemon = daemon_factory(make_settings(kv_events=kv_events(tenant="router-tenant")))
+    sub = subscribe(daemon)
+    park(daemon.client, "a")  # tenant default
+    park(daemon.client, "b")
+    assert daemon.client.delete("/v1/sessions/a").status_code in (200, 204)
+    # The park and delete went through the publishing thread, yet said nothing.
+    adv = daemon.runtime.kv_events
+    assert adv is not None
+    sub.poll(0.5)
+    assert sub.events("BlockStored") == [] and sub.events("BlockRemoved") == []
+
+
+def test_a_full_queue_drops_and_counts_without_blocking(
+    make_settings: Callable[..., Settings],
+) -> None:
+    cfg = make_settings(kv_events=kv_events(max_queue_size=2)).kv_events
+    adv = Advertiser(cfg, dict, lambda: None, lambda _o: None, list)  # type: ignore[arg-type,return-value]
+    try:
+        started = time.monotonic()
+        for _ in range(1000):
+            adv.offer(_Removed("dram", [("default", b"x" * 32)]))
+        assert time.monotonic() - started < 1.0
+        assert adv.dropped == 998
+    finally:
+        adv.publisher.close()
