@@ -15,7 +15,8 @@ import pytest
 from agentpark.config import Settings
 from agentpark.kvevents.advertiser import Advertiser, _Removed
 from agentpark.kvevents.wire import external_hash
-from tests.harness import Daemon, free_port
+from agentpark.kvkeys import BlockHasher
+from tests.harness import Daemon, bearer, free_port
 from tests.kvevents.subscriber import Subscriber
 
 FIRST = {
@@ -127,23 +128,31 @@ def test_other_tenants_blocks_are_not_advertised(
     daemon_factory: Callable[[Settings], Daemon],
     subscribe: Callable[[Daemon], Subscriber],
 ) -> None:
-    daemon = daemon_factory(make_settings(kv_events=kv_events(tenant="router-tenant")))
+    daemon = daemon_factory(
+        make_settings(kv_events=kv_events(tenant="router", block_hashes="bytes"))
+    )
     sub = subscribe(daemon)
-    park(daemon.client, "a")  # tenant default
-    park(daemon.client, "b")
+    other = httpx.Client(base_url=daemon.url, headers=bearer(daemon.token("router")), timeout=60)
+    daemon.admin()
+    park(daemon.client, "a")  # tenant default: not advertised
     assert daemon.client.delete("/v1/sessions/a").status_code in (200, 204)
-    # The park and delete went through the publishing thread, yet said nothing.
-    adv = daemon.runtime.kv_events
-    assert adv is not None
-    sub.poll(0.5)
-    assert sub.events("BlockStored") == [] and sub.events("BlockRemoved") == []
+    park(other, "b")  # tenant router: advertised, after what "a" went through
+    core = daemon.runtime.parking
+    live = core.registry.find(("router", "b"))
+    assert live is not None
+    keys = core.mover.hasher.chain(live.tokens)
+    sub.wait_for(lambda: sub.held.get("CPU_DRAM") == set(keys))
+    assert [h for e in sub.events("BlockStored") for h in e.block_hashes] == keys
+    assert sub.events("BlockRemoved") == []
+    other.close()
 
 
 def test_a_full_queue_drops_and_counts_without_blocking(
     make_settings: Callable[..., Settings],
 ) -> None:
     cfg = make_settings(kv_events=kv_events(max_queue_size=2)).kv_events
-    adv = Advertiser(cfg, dict, lambda: None, lambda _o: None, list)  # type: ignore[arg-type,return-value]
+    # Not started: nothing takes from the queue, as when the thread falls behind.
+    adv = Advertiser(cfg, dict, lambda: BlockHasher(16), lambda _o: None, list)
     try:
         started = time.monotonic()
         for _ in range(1000):
