@@ -5,14 +5,16 @@ seal, a restart's claim) and when it stops being findable (freed, evicted from t
 forgotten as corrupt); :meth:`Advertiser.relayout` when tiers are replaced (a vLLM pool
 registered with another layout). Those calls only enqueue, never block: a full queue drops
 the item and counts it, and once the queue is empty again the thread re-syncs (an
-``AllBlocksCleared``, then every parked copy again).
+``AllBlocksCleared``, then every parked copy again). It re-syncs too when a subscriber
+joins, so a router that (re)starts learns what is parked already.
 
 One thread turns the queue into ``KVEventBatch`` es (agentpark.kvevents.wire) and sends
 them (agentpark.kvevents.publisher). Before a ``BlockStored`` it checks, at that moment,
 that the key is still findable in its tier and that the hash chain of the owner's tokens
 gives that very key (so ``token_ids`` and ``parent_block_hash`` are the block's own): a
-block no load here would serve is never advertised. A hash is advertised once per tier
-(``medium``) and removed once, when the tier no longer holds it.
+block no load here would serve is never advertised. A hash is advertised once per
+``medium`` (dram and shm are both "CPU") and removed once, when no tier of that medium
+holds it any more.
 
 Only one tenant's blocks are advertised (``[kv_events] tenant``): vLLM's events carry no
 tenant, and a router sending tenant A's request here for tenant B's block would miss.
@@ -45,8 +47,10 @@ __all__ = ["MEDIUMS", "Advertiser", "Source", "medium_of"]
 
 log = logging.getLogger(__name__)
 
-# The ``medium`` of each host tier (vLLM's own are "GPU", "CPU", "STORAGE").
-MEDIUMS = {"dram": "CPU_DRAM", "shm": "CPU_SHM", "disk": "DISK"}
+# The ``medium`` of each host tier: vLLM's own names ("GPU", "CPU", "STORAGE"), the ones
+# routers know. Dynamo 1.6.1 maps CPU to its host_pinned tier and STORAGE to disk, and
+# drops an event whose medium it does not know (e.g. "CPU_SHM"): measured, docs/routers.md.
+MEDIUMS = {"dram": "CPU", "shm": "CPU", "disk": "STORAGE"}
 RESOLVE_S = 5.0  # how long a seal whose owner is not registered yet waits (start, import)
 
 Event = BlockStored | BlockRemoved | AllBlocksCleared
@@ -108,7 +112,8 @@ class Advertiser:
         self._queue: queue.Queue[_Stored | _Removed | list[str]] = queue.Queue(
             settings.max_queue_size
         )
-        self._held: dict[str, set[bytes]] = {}  # tier -> key hashes advertised
+        # medium -> key hash advertised -> the tiers holding it (one event per medium)
+        self._held: dict[str, dict[bytes, set[str]]] = {}
         self._pending: list[_Stored] = []  # owner not registered yet
         self._stop = threading.Event()
         self._resync = False
@@ -163,6 +168,8 @@ class Advertiser:
             while not self._stop.is_set():
                 items = self._take()
                 events = self._process(items)
+                if self.publisher.subscribed():
+                    self._resync = True  # a router (re)connected: tell it everything
                 if self._resync and self._queue.empty():
                     self._resync = False
                     self._held.clear()
@@ -175,7 +182,7 @@ class Advertiser:
             log.exception("kv events: the publishing thread failed; no more events are sent")
 
     def _take(self) -> list[_Stored | _Removed | list[str]]:
-        wait = 0.02 if self.publisher.has_replay or self._pending else 0.2
+        wait = 0.02 if self.publisher.has_replay or self._pending else 0.05
         try:
             items = [self._queue.get(timeout=wait)]
         except queue.Empty:
@@ -232,16 +239,18 @@ class Advertiser:
         last = blocks[-1][0]
         if len(src.tokens) < (last + 1) * bs:
             return []
-        chain = hasher.chain(
-            src.tokens[: (last + 1) * bs], cache_salt=src.cache_salt, lora=src.lora
-        )
-        held = self._held.setdefault(item.tier, set())
+        tokens = src.tokens[: (last + 1) * bs]
+        chain = hasher.chain(tokens, cache_salt=src.cache_salt, lora=src.lora)
+        held = self._held.setdefault(medium_of(item.tier), {})
         runs: list[list[int]] = []
         for index, key in blocks:
             h = chain[index]
-            if h != self._ours(key) or h in held or not tier.find([key]):
+            holders = held.get(h, set())
+            if h != self._ours(key) or item.tier in holders or not tier.find([key]):
                 continue
-            held.add(h)
+            held[h] = holders | {item.tier}
+            if holders:
+                continue  # another tier of the same medium advertised it already
             if runs and runs[-1][-1] == index - 1:
                 runs[-1].append(index)
             else:
@@ -274,21 +283,35 @@ class Advertiser:
         )
 
     def _removed(self, tier: str, keys: list[Hashable]) -> list[Event]:
-        held = self._held.get(tier, set())
-        gone = [h for h in (self._ours(k) for k in keys) if h is not None and h in held]
-        if not gone:
-            return []
-        held.difference_update(gone)
-        fmt = self.settings.block_hashes
-        return [BlockRemoved([external_hash(h, fmt) for h in gone], medium_of(tier))]
+        medium = medium_of(tier)
+        held = self._held.get(medium, {})
+        gone: list[bytes] = []
+        for h in (self._ours(k) for k in keys):
+            holders = held.get(h) if h is not None else None
+            if h is None or holders is None or tier not in holders:
+                continue
+            holders.discard(tier)
+            if not holders:
+                del held[h]
+                gone.append(h)
+        return [self._block_removed(gone, medium)] if gone else []
+
+    def _block_removed(self, gone: list[bytes], medium: str) -> BlockRemoved:
+        return BlockRemoved([external_hash(h, self.settings.block_hashes) for h in gone], medium)
 
     def _cleared(self, tiers: list[str]) -> list[Event]:
         events: list[Event] = []
         for name in tiers:
-            gone = self._held.pop(name, set())
+            medium = medium_of(name)
+            held = self._held.get(medium, {})
+            gone: list[bytes] = []
+            for h, holders in list(held.items()):
+                holders.discard(name)
+                if not holders:
+                    del held[h]
+                    gone.append(h)
             if gone:
-                fmt = self.settings.block_hashes
-                events.append(BlockRemoved([external_hash(h, fmt) for h in gone], medium_of(name)))
+                events.append(self._block_removed(gone, medium))
         if not any(self._held.values()):
             return [AllBlocksCleared()]  # nothing of this host is left: say it in one event
         return events

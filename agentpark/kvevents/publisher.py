@@ -8,8 +8,11 @@ DEALER/REQ with the 8-byte start sequence) to the replay socket gets every kept 
 ``(identity, b"", b"", seq -1, b"")``.
 
 Unlike vLLM, the endpoints are always bound (the daemon is the server a router connects
-to; vLLM binds only wildcard and ipc endpoints). Sockets are used by the caller's thread
-only (:class:`agentpark.kvevents.advertiser.Advertiser`'s).
+to; vLLM binds only wildcard and ipc endpoints), and the PUB is an XPUB: it hears each
+subscription (:meth:`ZmqPublisher.subscribed`), so the advertiser re-sends its whole
+state to a router that (re)connects, also one without a replay client (Dynamo's
+standalone indexer has none). Subscribers see a plain PUB. Sockets are used by one
+thread only (:class:`agentpark.kvevents.advertiser.Advertiser`'s).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ class ZmqPublisher:
         self, endpoint: str, replay_endpoint: str, topic: str, buffer_steps: int, hwm: int
     ) -> None:
         self._ctx = zmq.Context()
-        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub = self._ctx.socket(zmq.XPUB)
         self._pub.set_hwm(hwm)
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, not only new topics
         self._replay: zmq.Socket[bytes] | None = None
         try:
             self._pub.bind(endpoint)
@@ -56,6 +60,13 @@ class ZmqPublisher:
         self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
         self._buffer.append((seq, payload))
         return seq
+
+    def subscribed(self) -> bool:
+        """Whether a subscriber joined since the last call (reads the XPUB's messages)."""
+        joined = False
+        while self._pub.poll(0):
+            joined |= self._pub.recv().startswith(b"\x01")
+        return joined
 
     def serve_replay(self, timeout_ms: int) -> None:
         """Answer the replay requests waiting (waits up to ``timeout_ms`` for one)."""

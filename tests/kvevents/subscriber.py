@@ -51,6 +51,18 @@ class Subscriber:
             _topic, seq, payload = self.sock.recv_multipart()
             got |= self._ingest(int.from_bytes(seq, "big"), payload)
 
+    def join(self) -> None:
+        """Catch up, then wait for the re-sync the daemon sends each new subscriber (an
+        ``AllBlocksCleared`` after its start's): from then on the stream is this one's."""
+        self.catch_up()
+        self.wait_for(lambda: self._cleared_since_start())
+
+    def _cleared_since_start(self) -> bool:
+        return any(
+            seq > 0 and any(type(e).__name__ == "AllBlocksCleared" for e in b.events)
+            for seq, b in zip(self.seqs, self.batches, strict=True)
+        )
+
     def catch_up(self) -> None:
         """Everything published since the last batch seen, from the replay socket."""
         start = self.seqs[-1] + 1 if self.seqs else 0

@@ -19,10 +19,8 @@ from agentpark.kvkeys import BlockHasher
 from tests.harness import Daemon, bearer, free_port
 from tests.kvevents.subscriber import Subscriber
 
-FIRST = {
-    "prompt": "Plan a trip; call the flight search tool, then the hotel one.",
-    "max_new_tokens": 40,
-}
+PROMPT = "Plan a trip; call the flight search tool, then the hotel one."
+FIRST = {"prompt": PROMPT, "max_new_tokens": 40}
 
 
 def kv_events(**extra: object) -> dict[str, object]:
@@ -40,7 +38,7 @@ def subscribe() -> Iterator[Callable[[Daemon], Subscriber]]:
     def make(daemon: Daemon) -> Subscriber:
         cfg = daemon.settings.kv_events
         sub = Subscriber(cfg.endpoint, cfg.replay_endpoint)
-        sub.catch_up()
+        sub.join()
         subs.append(sub)
         return sub
 
@@ -49,9 +47,10 @@ def subscribe() -> Iterator[Callable[[Daemon], Subscriber]]:
         sub.close()
 
 
-def park(c: httpx.Client, sid: str, tier: str = "dram") -> None:
+def park(c: httpx.Client, sid: str, tier: str = "dram", prompt: str = PROMPT) -> None:
     assert c.post("/v1/sessions", json={"session_id": sid}).status_code in (200, 201)
-    assert c.post(f"/v1/sessions/{sid}/generate", json=FIRST).status_code == 200
+    first = {**FIRST, "prompt": prompt}
+    assert c.post(f"/v1/sessions/{sid}/generate", json=first).status_code == 200
     parked = c.post(f"/v1/sessions/{sid}/pause", json={"tier": tier}).json()
     assert parked["state"] == "parked", parked
 
@@ -80,7 +79,7 @@ def test_park_delete_and_ttl_store_and_remove_exactly_the_loadable_blocks(
     park(c, "a")
     keys = chain(daemon, "a")
     assert len(keys) >= 3
-    sub.wait_for(lambda: sub.held.get("CPU_DRAM") == set(keys))
+    sub.wait_for(lambda: sub.held.get("CPU") == set(keys))
     stored = sub.events("BlockStored")
     live = daemon.runtime.parking.registry.find(("default", "a"))
     assert live is not None
@@ -88,24 +87,32 @@ def test_park_delete_and_ttl_store_and_remove_exactly_the_loadable_blocks(
     assert [h for e in stored for h in e.block_hashes] == keys  # in chain order, once
     first = stored[0]
     assert first.parent_block_hash is None and first.block_size == bs
-    assert first.medium == "CPU_DRAM" and first.lora_id is None
+    assert first.medium == "CPU" and first.lora_id is None
     assert [t for e in stored for t in e.token_ids] == live.tokens[: len(keys) * bs]
     assert all(findable(daemon, "dram", h) for h in sub.all_held())
 
+    # The same blocks parked again in shm (a copy of its own): dram and shm are both
+    # "CPU", so nothing new is said, and nothing is removed while either holds them.
     park(c, "b", "shm")
-    sub.wait_for(lambda: len(sub.held.get("CPU_SHM", ())) == len(chain(daemon, "b")))
-    assert all(findable(daemon, "shm", h) for h in sub.held["CPU_SHM"])
-
+    assert chain(daemon, "b") == keys
     assert c.delete("/v1/sessions/a").status_code in (200, 204)
-    sub.wait_for(lambda: not sub.held.get("CPU_DRAM"))
-    removed = [h for e in sub.events("BlockRemoved") for h in e.block_hashes]
-    assert sorted(removed) == sorted(keys)
-    assert not any(findable(daemon, "dram", h) for h in removed)
+    assert not any(findable(daemon, "dram", h) for h in keys)
+    park(
+        c, "c", "dram", "Another agent, another prompt: it shares no block."
+    )  # a marker: its events come after those of b and of a's delete
+    keys_c = chain(daemon, "c")
+    sub.wait_for(lambda: sub.held["CPU"] == set(keys) | set(keys_c))
+    assert sub.events("BlockRemoved") == []
+    assert all(findable(daemon, "shm", h) for h in keys)
 
+    assert c.delete("/v1/sessions/c").status_code in (200, 204)
     ticked = daemon.runtime.policy.tick(time.time() + daemon.settings.policy.parked_ttl_s + 1)
     assert ticked != []
     assert c.get("/v1/sessions/b").json()["state"] == "lost"
     sub.wait_for(lambda: not sub.all_held())
+    removed = [h for e in sub.events("BlockRemoved") for h in e.block_hashes]
+    assert sorted(removed) == sorted(keys + keys_c)
+    assert not any(findable(daemon, t, h) for t in ("dram", "shm") for h in removed)
     assert sub.seqs == list(range(len(sub.seqs)))  # every batch, once, in order
 
 
@@ -120,7 +127,7 @@ def test_int_hashes_are_the_low_64_bits_as_vllm_publishes_them(
     keys = chain(daemon, "a")
     want = [int.from_bytes(k[-8:], "big") for k in keys]
     assert want == [external_hash(k, "int") for k in keys]
-    sub.wait_for(lambda: sub.held.get("CPU_DRAM") == set(want))
+    sub.wait_for(lambda: sub.held.get("CPU") == set(want))
 
 
 def test_other_tenants_blocks_are_not_advertised(
@@ -141,7 +148,7 @@ def test_other_tenants_blocks_are_not_advertised(
     live = core.registry.find(("router", "b"))
     assert live is not None
     keys = core.mover.hasher.chain(live.tokens)
-    sub.wait_for(lambda: sub.held.get("CPU_DRAM") == set(keys))
+    sub.wait_for(lambda: sub.held.get("CPU") == set(keys))
     assert [h for e in sub.events("BlockStored") for h in e.block_hashes] == keys
     assert sub.events("BlockRemoved") == []
     other.close()

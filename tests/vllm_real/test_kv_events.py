@@ -46,7 +46,7 @@ def subscribers() -> Iterator[list[Subscriber]]:
 def vllm_subscriber(endpoint: str, replay: str, subs: list[Subscriber]) -> Subscriber:
     sub = Subscriber(endpoint, replay, decode=DECODE)
     subs.append(sub)
-    sub.catch_up()
+    sub.join()
     return sub
 
 
@@ -69,17 +69,16 @@ def test_vllm_decodes_park_delete_and_ttl(
     sub = vllm_subscriber(cfg.endpoint, cfg.replay_endpoint, subscribers)
     c = daemon.client
     park(c, "a")
-    park(c, "b", "shm")
+    park(c, "b", "shm", "Another agent with a prompt of its own.")
     keys_a, keys_b = chain(daemon, "a"), chain(daemon, "b")
-    sub.wait_for(lambda: sub.held.get("CPU_DRAM") == set(keys_a))
-    sub.wait_for(lambda: sub.held.get("CPU_SHM") == set(keys_b))
-    stored = [e for e in sub.events("BlockStored") if e.medium == "CPU_DRAM"]
+    sub.wait_for(lambda: sub.held.get("CPU") == set(keys_a) | set(keys_b))
+    stored = sub.events("BlockStored")
     assert stored[0].parent_block_hash is None
     assert stored[0].block_size == daemon.settings.pool.block_size
     assert all(findable(daemon, "dram", h) for h in keys_a)
 
     assert c.delete("/v1/sessions/a").status_code in (200, 204)
-    sub.wait_for(lambda: not sub.held.get("CPU_DRAM"))
+    sub.wait_for(lambda: sub.held.get("CPU") == set(keys_b))
     assert not any(findable(daemon, "dram", h) for h in keys_a)
     daemon.runtime.policy.tick(time.time() + daemon.settings.policy.parked_ttl_s + 1)
     sub.wait_for(lambda: not sub.all_held())
@@ -102,8 +101,8 @@ def test_vllm_decodes_a_restart_clear_then_the_surviving_shm_blocks(
     first = daemon_process(config, port)
     sub = vllm_subscriber(endpoint, replay, subscribers)
     park(first.client, "a", "shm")
-    sub.wait_for(lambda: len(sub.held.get("CPU_SHM", ())) >= 3)
-    before = set(sub.held["CPU_SHM"])
+    sub.wait_for(lambda: len(sub.held.get("CPU", ())) >= 3)
+    before = set(sub.held["CPU"])
     assert first.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
     sub.wait_for(lambda: not sub.all_held())  # the last word of a stopping daemon
     assert isinstance(sub.batches[-1].events[-1], AllBlocksCleared)
@@ -111,7 +110,7 @@ def test_vllm_decodes_a_restart_clear_then_the_surviving_shm_blocks(
 
     second = daemon_process(config, port)
     again = vllm_subscriber(endpoint, replay, subscribers)
-    again.wait_for(lambda: again.held.get("CPU_SHM") == before)
+    again.wait_for(lambda: again.held.get("CPU") == before)
     assert isinstance(again.batches[0].events[0], AllBlocksCleared)
     assert second.client.get("/v1/sessions/a").json()["state"] == "parked"
     assert_vllm_wire(again)

@@ -115,7 +115,7 @@ def router(
             f.write(f'[kv_events]\nendpoint = "{endpoint}"\nreplay_endpoint = "{replay}"\n')
         daemon = daemon_process(config, free_port())
         sub = Subscriber(endpoint, replay)
-        sub.catch_up()
+        sub.join()
         made.hosts.append(Host(worker, daemon, sub))
         return made.hosts[-1]
 
