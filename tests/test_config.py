@@ -231,6 +231,7 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         "vllm.block_hash": "sha256_cbor",
         "vllm.none_hash_seed": "42",
         "kv_events.endpoint": "tcp://127.0.0.1:5557",
+        "kv_events.connect": "true",
         "kv_events.replay_endpoint": "tcp://127.0.0.1:5558",
         "kv_events.topic": "kv",
         "kv_events.buffer_steps": "10",

@@ -231,6 +231,7 @@ class KvEventsSettings(_Section):
     Named like vLLM's --kv-events-config; the endpoint is always bound."""
 
     endpoint: str = Field("", description='ZMQ PUB to bind, e.g. "tcp://127.0.0.1:5557"; "" = off')
+    connect: bool = Field(False, description="connect the PUB to endpoint (llm-d binds the SUB)")
     replay_endpoint: str = Field("", description="ZMQ ROUTER a router catches up on; '' = none")
     topic: str = ""
     buffer_steps: int = Field(10_000, ge=1, le=10_000_000, description="batches kept for replay")

@@ -125,6 +125,7 @@ class Advertiser:
             settings.topic,
             settings.buffer_steps,
             settings.hwm,
+            connect=settings.connect,
         )
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
 

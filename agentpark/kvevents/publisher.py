@@ -7,8 +7,9 @@ DEALER/REQ with the 8-byte start sequence) to the replay socket gets every kept 
 ``start_seq`` on as ``(identity, b"", topic, seq, payload)``, then the end marker
 ``(identity, b"", b"", seq -1, b"")``.
 
-Unlike vLLM, the endpoints are always bound (the daemon is the server a router connects
-to; vLLM binds only wildcard and ipc endpoints), and the PUB is an XPUB: it hears each
+The PUB is bound to its endpoint (the daemon is the server a Dynamo indexer connects to),
+or connected with ``connect`` (llm-d's indexer binds a SUB that engines connect to; vLLM
+picks by the address: it binds only wildcard and ipc ones). The PUB is an XPUB: it hears each
 subscription (:meth:`ZmqPublisher.subscribed`), so the advertiser re-sends its whole
 state to a router that (re)connects, also one without a replay client (Dynamo's
 standalone indexer has none). Subscribers see a plain PUB. Sockets are used by one
@@ -30,7 +31,14 @@ class ZmqPublisher:
     """The PUB socket, the replay socket and the numbered buffer; one thread uses it."""
 
     def __init__(
-        self, endpoint: str, replay_endpoint: str, topic: str, buffer_steps: int, hwm: int
+        self,
+        endpoint: str,
+        replay_endpoint: str,
+        topic: str,
+        buffer_steps: int,
+        hwm: int,
+        *,
+        connect: bool = False,
     ) -> None:
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.XPUB)
@@ -38,14 +46,17 @@ class ZmqPublisher:
         self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, not only new topics
         self._replay: zmq.Socket[bytes] | None = None
         try:
-            self._pub.bind(endpoint)
+            if connect:
+                self._pub.connect(endpoint)  # to a router's bound SUB (llm-d's indexer)
+            else:
+                self._pub.bind(endpoint)
             if replay_endpoint:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self._replay.bind(replay_endpoint)
         except zmq.ZMQError:
             self.close()
             raise
-        self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoint = endpoint if connect else self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self.replay_endpoint = (
             self._replay.getsockopt_string(zmq.LAST_ENDPOINT) if self._replay else ""
         )

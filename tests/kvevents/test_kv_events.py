@@ -10,11 +10,13 @@ import time
 from collections.abc import Callable, Iterator
 
 import httpx
+import msgspec
 import pytest
+import zmq
 
 from agentpark.config import Settings
 from agentpark.kvevents.advertiser import Advertiser, _Removed
-from agentpark.kvevents.wire import external_hash
+from agentpark.kvevents.wire import BlockStored, KVEventBatch, external_hash
 from agentpark.kvkeys import BlockHasher
 from tests.harness import Daemon, bearer, free_port
 from tests.kvevents.subscriber import Subscriber
@@ -168,3 +170,34 @@ def test_a_full_queue_drops_and_counts_without_blocking(
         assert adv.dropped == 998
     finally:
         adv.publisher.close()
+
+
+def test_connect_mode_publishes_to_a_router_that_binds_its_sub(
+    make_settings: Callable[..., Settings],
+    daemon_factory: Callable[[Settings], Daemon],
+) -> None:
+    # llm-d's indexer binds a SUB and engines connect their PUB to it, with a topic
+    # naming the pod and model ("kv@<pod>@<model>").
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+    port = sub.bind_to_random_port("tcp://127.0.0.1")
+    topic = "kv@10.0.0.7@tiny"
+    cfg = {"endpoint": f"tcp://127.0.0.1:{port}", "connect": True, "topic": topic}
+    try:
+        daemon = daemon_factory(make_settings(kv_events=cfg))
+        park(daemon.client, "a")
+        keys = {external_hash(k, "int") for k in chain(daemon, "a")}
+        decode = msgspec.msgpack.Decoder(KVEventBatch).decode
+        stored: set[int | bytes] = set()
+        deadline = time.monotonic() + 30
+        while stored != keys:  # the connect races the park: the join's re-sync covers it
+            assert sub.poll(int(max(0.0, deadline - time.monotonic()) * 1000)), stored
+            frame_topic, _seq, payload = sub.recv_multipart()
+            assert frame_topic == topic.encode()
+            for event in decode(payload).events:
+                if isinstance(event, BlockStored):
+                    stored.update(event.block_hashes)
+    finally:
+        sub.close(linger=0)
+        ctx.term()
