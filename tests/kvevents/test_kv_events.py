@@ -201,3 +201,39 @@ def test_connect_mode_publishes_to_a_router_that_binds_its_sub(
     finally:
         sub.close(linger=0)
         ctx.term()
+
+
+class _Heard:
+    def __init__(self) -> None:
+        self.log: list[tuple[str, object]] = []
+
+    def sealed(self, owner: object, blocks: list[tuple[int, object]]) -> None:
+        self.log.append(("sealed", blocks))
+
+    def unkeyed(self, keys: list[object]) -> None:
+        self.log.append(("unkeyed", keys))
+
+
+def test_slot_store_tells_each_transition_once_at_its_place() -> None:
+    from agentpark.tiers.slots import SlotStore
+
+    store = SlotStore(3)
+    heard = _Heard()
+    store.listeners.append(heard)
+    store.reserve("s1", ["k0", "k1", None])
+    assert heard.log == []  # reserved is not loadable
+    store.seal("s1", {})
+    assert heard.log == [("sealed", [(0, "k0"), (1, "k1")])]
+    store.release("s1", cache=True)  # cached: still findable, nothing said
+    assert heard.log[1:] == []
+    store.reserve("s2", ["k2", "k3"])  # one free slot, then the oldest cached: k0
+    assert heard.log[1:] == [("unkeyed", ["k0"])]
+    store.seal("s2", {})
+    store.forget(store.find(["k2"]))  # failed checksum
+    assert heard.log[2:] == [("sealed", [(0, "k2"), (1, "k3")]), ("unkeyed", ["k2"])]
+    store.release("s2")
+    assert heard.log[4:] == [("unkeyed", ["k3"])]
+    restarted = SlotStore(3)
+    restarted.listeners.append(heard)
+    restarted.claim("s3", [0, 1], ["k4", None])  # a restart's re-attach
+    assert heard.log[5:] == [("sealed", [(0, "k4")])]
