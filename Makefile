@@ -30,7 +30,15 @@ STAMP_VLLM := $(VENV_VLLM)/.agentpark-installed
 VLLM_TESTS := tests/vllm_real
 VLLM_ENV   := AGENTPARK_VLLM_TESTS=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 
-.PHONY: serve test test-tpu test-vllm lint format docs bench bench-tpu bench-vllm demo gpu-check clean
+# Dynamo's KV router core (tests/kvevents/dynamo_real): ai-dynamo-runtime in a fourth
+# virtualenv, .venv-dynamo, beside agentpark. Not in .venv-vllm: it pins pydantic<=2.13.5,
+# which would change the pydantic vLLM runs with there.
+VENV_DYNAMO  ?= .venv-dynamo
+STAMP_DYNAMO := $(VENV_DYNAMO)/.agentpark-installed
+DYNAMO_TESTS := tests/kvevents/dynamo_real
+DYNAMO_ENV   := AGENTPARK_DYNAMO_TESTS=1
+
+.PHONY: serve test test-tpu test-vllm test-dynamo lint format docs bench bench-tpu bench-vllm demo gpu-check clean
 
 # The native copy kernel (agentpark.dma.native) is built by the install: a change to it
 # reinstalls.
@@ -62,11 +70,19 @@ $(STAMP_VLLM): pyproject.toml $(NATIVE)
 	$(VENV_VLLM)/bin/python -c 'import torch, vllm, transformers; assert "+cpu" in torch.__version__, torch.__version__'
 	@touch $@
 
+$(STAMP_DYNAMO): pyproject.toml $(NATIVE)
+	$(PYTHON) -m venv $(VENV_DYNAMO)
+	$(VENV_DYNAMO)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_DYNAMO)/bin/python -m pip install --quiet -e '.[test]' 'ai-dynamo-runtime==1.6.1'
+	$(VENV_DYNAMO)/bin/python -c 'from dynamo.llm import RadixTree, compute_block_hash_for_seq'
+	@touch $@
+
 test: $(STAMP)
 	$(BIN)/ruff check agentpark migrations tests
 	$(BIN)/ruff format --check agentpark migrations tests
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-tpu
+	@$(MAKE) --no-print-directory test-dynamo
 	@$(MAKE) --no-print-directory test-vllm
 
 # Run after the main suite by `make test`; never passes silently: without Python 3.12 it
@@ -78,6 +94,10 @@ else
 	@$(MAKE) --no-print-directory $(STAMP_TPU)
 	$(TPU_ENV) $(VENV_TPU)/bin/python -m pytest $(TPU_TESTS) $(PYTEST_ARGS)
 endif
+
+# Run after the main suite by `make test`; fails (never skips) when .venv-dynamo cannot be made.
+test-dynamo: $(STAMP_DYNAMO)
+	$(DYNAMO_ENV) $(VENV_DYNAMO)/bin/python -m pytest -n 0 $(DYNAMO_TESTS) $(PYTEST_ARGS)
 
 # Run after the main suite by `make test`; fails (never skips) when .venv-vllm cannot be made.
 test-vllm: $(STAMP_VLLM)
@@ -117,4 +137,4 @@ gpu-check:
 	bash deploy/gpu-check.sh
 
 clean:
-	rm -rf $(VENV) $(VENV_TPU) $(VENV_VLLM) .venv-gpu .pytest_cache .ruff_cache .mypy_cache *.egg-info build agentpark/dma/*.so
+	rm -rf $(VENV) $(VENV_TPU) $(VENV_VLLM) $(VENV_DYNAMO) .venv-gpu .pytest_cache .ruff_cache .mypy_cache *.egg-info build agentpark/dma/*.so

@@ -13,6 +13,8 @@ from agentpark.control.vllm import VllmService
 from agentpark.engine.reference import ReferenceEngine
 from agentpark.errors import ConfigError, InvalidRequestError
 from agentpark.history import HostSampler
+from agentpark.kvevents import Advertiser
+from agentpark.kvevents import start as start_kv_events
 from agentpark.metrics import Metrics
 from agentpark.parking import InProcessDriver, SessionCore, drain
 from agentpark.parts import StoreParts, open_store, reference_parts, vllm_parts
@@ -46,6 +48,7 @@ class Runtime:
     state_lock: StateLock | None = None  # this daemon's hold on state_dir, dropped at shutdown
     probe: StorageProbe | None = None  # while writes fail, tries one now and then
     vllm: VllmService | None = None  # [vllm] enabled: the external core and control socket
+    kv_events: Advertiser | None = None  # [kv_events] endpoint: parked blocks for routers
 
     @classmethod
     def start(
@@ -124,6 +127,8 @@ class Runtime:
         interval = settings.reliability.storage_probe_s
         runtime.probe = StorageProbe(store.health, store.probe, interval)
         runtime.probe.start()
+        if settings.kv_events.endpoint:
+            runtime.kv_events = start_kv_events(settings.kv_events, core)
         if vllm is not None:
             vllm.add_degraded_sink(metrics.count_degraded)
             runtime.vllm = vllm
@@ -197,6 +202,8 @@ class Runtime:
             self.policy.stop()
             if self.vllm is not None:
                 self.vllm.stop()
+            if self.kv_events is not None:
+                self.kv_events.stop()
             self.parking.close()
             if self.settings.shutdown.drain and not self.drained:
                 self.drain()

@@ -70,6 +70,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "agentpark.control",
             "agentpark.turns",
             "agentpark.eventstream",
+            "agentpark.kvevents",
         ),
     ),
     # The part factories (one composition root), then the daemon they make.

@@ -249,6 +249,23 @@ class VllmSettings(_Section):
     )
 
 
+class KvEventsSettings(_Section):
+    """Parked blocks as vLLM-format KV events on ZMQ (agentpark.kvevents; docs/routers.md).
+    Named like vLLM's --kv-events-config; the endpoint is always bound."""
+
+    endpoint: str = Field("", description='ZMQ PUB to bind, e.g. "tcp://127.0.0.1:5557"; "" = off')
+    connect: bool = Field(False, description="connect the PUB to endpoint (llm-d binds the SUB)")
+    replay_endpoint: str = Field("", description="ZMQ ROUTER a router catches up on; '' = none")
+    topic: str = ""
+    buffer_steps: int = Field(10_000, ge=1, le=10_000_000, description="batches kept for replay")
+    hwm: int = Field(100_000, ge=1, le=10_000_000, description="ZMQ high-water mark of the PUB")
+    max_queue_size: int = Field(100_000, ge=1, le=10_000_000, description="full: dropped, counted")
+    tenant: str = Field("default", min_length=1, description="whose blocks are advertised")
+    block_hashes: Literal["int", "bytes"] = Field(
+        "int", description="as vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (1: int, its default)"
+    )
+
+
 class LimitSettings(_Section):
     max_new_tokens: int = Field(512, ge=1, le=1_048_576)
     max_body_bytes: int = Field(

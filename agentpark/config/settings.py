@@ -23,6 +23,7 @@ from agentpark.config.sections import (
     DashboardSettings,
     DmaSettings,
     IntegritySettings,
+    KvEventsSettings,
     LimitSettings,
     ModelSettings,
     PolicySettings,
@@ -66,6 +67,7 @@ class Settings(BaseSettings):
     policy: PolicySettings = PolicySettings()
     dashboard: DashboardSettings = DashboardSettings()
     vllm: VllmSettings = VllmSettings()
+    kv_events: KvEventsSettings = KvEventsSettings()
     retention: RetentionSettings = RetentionSettings()
 
     @property

@@ -126,6 +126,7 @@ class Mover:
         # Measured copy speed (bytes/s, moving average of pauses and restores): the
         # break-even and prefetch rules price a round trip with it.
         self.bandwidth_bps = 5e9
+        self.on_relayout: list[Callable[[list[HostTier], list[HostTier]], None]] = []
         self._handlers: dict[tuple[Medium, Medium], Handler] = {
             (Medium.HOST, Medium.HOST): copy_host_blocks,
         }
@@ -135,9 +136,12 @@ class Mover:
 
     def relayout(self, geometry: PoolGeometry, tiers: Sequence[HostTier]) -> None:
         """An engine with a new layout: copies go between its pool and these tiers now."""
+        old = list(self.tiers.values())
         self.geometry = geometry
         self.tiers = {t.name: t for t in tiers}
         self.hasher = BlockHasher(geometry.block_size, self._key_algo, self._key_seed)
+        for hook in self.on_relayout:  # agentpark.kvevents: the old tiers' blocks are gone
+            hook(old, list(tiers))
 
     # ---- which tier ---------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import numpy as np
 from agentpark.blocks import PoolExhaustedError, PoolGeometry
 from agentpark.enums import Medium
 from agentpark.errors import TierFullError
-from agentpark.tiers.slots import Reservation, SlotStore
+from agentpark.tiers.slots import Reservation, SlotListener, SlotStore
 
 __all__ = ["BackendHeldTier", "HostTier", "SlotTier"]
 
@@ -64,6 +64,8 @@ class HostTier(Protocol):
         keys: Sequence[Hashable | None] | None = None,
         digests: Sequence[str | None] | None = None,
     ) -> None: ...
+
+    def add_listener(self, listener: SlotListener) -> None: ...
 
     def flush(self) -> None: ...
 
@@ -172,6 +174,11 @@ class SlotTier:
             raise ValueError(f"{self.name} tier has no slots to claim")
         if self._slots is not None:
             self._slots.claim(owner, slots, keys, digests)
+
+    def add_listener(self, listener: SlotListener) -> None:
+        """Hear this tier's keys become and stop being findable (agentpark.kvevents)."""
+        if self._slots is not None:
+            self._slots.listeners.append(listener)
 
     def flush(self) -> None:
         """Make copies durable; only the disk tier has anything to do."""

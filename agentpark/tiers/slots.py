@@ -15,6 +15,11 @@ A slot's life::
 
 Only sealed blocks are shared or found, so nobody ever reads a block whose copy is not in.
 Thread-safe. Nothing here moves bytes or hashes them (the mover does).
+
+Listeners (:class:`SlotListener`, e.g. agentpark.kvevents) hear the two transitions a
+router cares about, at the one place each happens: a key becomes findable (seal, claim)
+and a key stops being findable (freed, evicted from the cache, forgotten as corrupt).
+They are called inside the lock, in order, and must only enqueue.
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ import threading
 from collections import Counter, OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from agentpark.blocks import PoolExhaustedError
 
-__all__ = ["Reservation", "SlotStore"]
+__all__ = ["Reservation", "SlotListener", "SlotStore"]
 
 
 @dataclass
@@ -41,6 +47,16 @@ class Reservation:
     def to_copy(self) -> list[int]:
         """Positions (block indices) whose bytes must be copied into their slot."""
         return [i for i, new in enumerate(self.fresh) if new]
+
+
+class SlotListener(Protocol):
+    """Told, under the store's lock and in order, when keys become or stop being findable."""
+
+    def sealed(self, owner: Hashable, blocks: list[tuple[int, Hashable]]) -> None:
+        """``owner``'s blocks (block index in its copy, key) are findable now."""
+
+    def unkeyed(self, keys: list[Hashable]) -> None:
+        """These keys are no longer findable here."""
 
 
 class SlotStore:
@@ -59,6 +75,8 @@ class SlotStore:
         self._slot_of: dict[Hashable, int] = {}  # key -> sealed slot
         self._digest: dict[int, str | None] = {}  # sealed slot -> digest of its bytes
         self._cached: OrderedDict[int, None] = OrderedDict()  # sealed, no owner; LRU first
+        self.listeners: list[SlotListener] = []
+        self._gone: list[Hashable] = []  # keys unkeyed by the operation in progress
 
     # ---- figures ---------------------------------------------------------------------------
 
@@ -126,13 +144,15 @@ class SlotStore:
                 self._ref(owner, slot)
                 slots.append(slot)
                 fresh.append(slot not in self._key_of)
+            self._tell_gone()  # cached blocks evicted to make room
             return Reservation(slots, fresh, list(keys))
 
     def seal(self, owner: Hashable, digests: dict[int, str | None]) -> None:
         """``owner``'s pending slots hold their copies now (``digests`` by slot): a keyed
         one becomes findable, unless the same key was sealed meanwhile (it stays private)."""
         with self._lock:
-            for slot in self._of.get(owner, []):
+            published: list[tuple[int, Hashable]] = []
+            for index, slot in enumerate(self._of.get(owner, [])):
                 pending = self._pending.get(slot)
                 if pending is None or pending[0] != owner:
                     continue
@@ -142,6 +162,8 @@ class SlotStore:
                 if key is not None and key not in self._slot_of:
                     self._slot_of[key] = slot
                     self._key_of[slot] = key
+                    published.append((index, key))
+            self._tell_sealed(owner, published)
 
     def hold(self, owner: Hashable, slots: Sequence[int]) -> None:
         """Add ``owner``'s reference to sealed slots (a load reading them keeps them)."""
@@ -180,14 +202,17 @@ class SlotStore:
                     raise ValueError(f"slot {slot} is another copy's")
             claimed = set(slots)
             self._free = deque(s for s in self._free if s not in claimed)
-            for slot, key, digest in zip(slots, keys, digests, strict=True):
+            published: list[tuple[int, Hashable]] = []
+            for index, (slot, key, digest) in enumerate(zip(slots, keys, digests, strict=True)):
                 self._cached.pop(slot, None)
                 if slot not in self._refs:
                     self._digest[slot] = digest
-                    if key is not None:
+                    if key is not None and slot not in self._key_of:
                         self._slot_of[key] = slot
                         self._key_of[slot] = key
+                        published.append((index, key))
                 self._ref(owner, slot)
+            self._tell_sealed(owner, published)
 
     def release(self, owner: Hashable, *, cache: bool = False) -> list[int]:
         """Drop every reference of ``owner``; returns the slots that became free. With
@@ -210,6 +235,7 @@ class SlotStore:
                 else:
                     self._drop(slot)
                     freed.append(slot)
+            self._tell_gone()
         return freed
 
     def forget(self, slots: Sequence[int]) -> None:
@@ -217,12 +243,11 @@ class SlotStore:
         checksum): unkey them, so nobody else is given them (their holders keep them)."""
         with self._lock:
             for slot in slots:
-                key = self._key_of.pop(slot, None)
-                if key is not None:
-                    del self._slot_of[key]
+                self._unkey(slot)
                 if slot in self._cached:
                     del self._cached[slot]
                     self._drop(slot)
+            self._tell_gone()
 
     # ---- inside the lock ----------------------------------------------------------------------
 
@@ -246,6 +271,18 @@ class SlotStore:
         key = self._key_of.pop(slot, None)
         if key is not None:
             del self._slot_of[key]
+            self._gone.append(key)
+
+    def _tell_sealed(self, owner: Hashable, published: list[tuple[int, Hashable]]) -> None:
+        if published:
+            for listener in self.listeners:
+                listener.sealed(owner, published)
+
+    def _tell_gone(self) -> None:
+        gone, self._gone = self._gone, []
+        if gone:
+            for listener in self.listeners:
+                listener.unkeyed(gone)
 
     def _drop(self, slot: int) -> None:
         self._unkey(slot)
