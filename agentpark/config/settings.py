@@ -23,7 +23,6 @@ from agentpark.config.sections import (
     DashboardSettings,
     DmaSettings,
     IntegritySettings,
-    KvEventsSettings,
     LimitSettings,
     ModelSettings,
     PolicySettings,
@@ -33,8 +32,8 @@ from agentpark.config.sections import (
     ServerSettings,
     ShutdownSettings,
     TierSettings,
-    VllmSettings,
 )
+from agentpark.config.serving import KvEventsSettings, VllmSettings
 
 # The file the Settings() being built reads; sources are made per class, so the path
 # travels in a context variable rather than through a subclass per file.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
 
-from agentpark.config.sections import KvEventsSettings
+from agentpark.config.serving import KvEventsSettings
 from agentpark.kvevents.advertiser import MEDIUMS, Advertiser, Source, medium_of
 from agentpark.parking.core import SessionCore
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agentpark.config.sections import KvEventsSettings
+from agentpark.config.serving import KvEventsSettings
 from agentpark.kvevents.publisher import ZmqPublisher
 from agentpark.kvevents.wire import (
     AllBlocksCleared,
