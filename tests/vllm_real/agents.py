@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import socket
+import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,6 +144,22 @@ class Turn:
     logprobs: list[float]
     agentpark: dict[str, Any] | None  # the response's kv_transfer_params.agentpark
     text: str
+
+
+@contextmanager
+def shm_daemon(state: Path, prefix: str) -> Iterator[AgentDaemon]:
+    """A started vLLM-mode daemon whose pool lives in a private /dev/shm folder; the
+    daemon is closed and the folder removed afterwards, whatever happened."""
+    shm = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"))
+    made = AgentDaemon(state, shm / "pool")
+    try:
+        made.start()
+        yield made
+    finally:
+        made.close()
+        for leftover in shm.iterdir():
+            leftover.unlink()
+        shm.rmdir()
 
 
 def messages_for(session_id: str) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ module (each start is half a minute here); sessions have their own ids.
 from __future__ import annotations
 
 import re
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.vllm_real.agents import AgentDaemon, Turn, run_turns, wait_for
+from tests.vllm_real.agents import AgentDaemon, Turn, run_turns, shm_daemon, wait_for
 from tests.vllm_real.conftest import StartVllm, VllmServer
 
 TENANT = "default"
@@ -35,16 +34,8 @@ def _park(session_id: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentDaemon]:
-    shm = Path(tempfile.mkdtemp(prefix="agentpark-vllm-test-", dir="/dev/shm"))
-    made = AgentDaemon(tmp_path_factory.mktemp("daemon") / "state", shm / "pool")
-    made.start()
-    try:
+    with shm_daemon(tmp_path_factory.mktemp("daemon") / "state", "agentpark-vllm-test-") as made:
         yield made
-    finally:
-        made.close()
-        for leftover in shm.iterdir():
-            leftover.unlink()
-        shm.rmdir()
 
 
 @pytest.fixture(scope="module")

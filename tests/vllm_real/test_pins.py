@@ -14,7 +14,6 @@ and ``kv_transfer_params.agentpark``, the daemon's events (each pin's end and it
 from __future__ import annotations
 
 import re
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ import httpx
 import openai
 import pytest
 
-from tests.vllm_real.agents import AgentDaemon, messages_for, wait_for
+from tests.vllm_real.agents import AgentDaemon, messages_for, shm_daemon, wait_for
 from tests.vllm_real.conftest import StartVllm, VllmServer
 
 PATIENT = {"AGENTPARK_CONNECTOR_TIMEOUT_MS": "2000"}  # a loaded 2-core machine
@@ -34,20 +33,13 @@ MAX_LEN = 1024
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentDaemon]:
-    shm = Path(tempfile.mkdtemp(prefix="agentpark-pins-test-", dir="/dev/shm"))
-    made = AgentDaemon(tmp_path_factory.mktemp("daemon") / "state", shm / "pool")
+    state = tmp_path_factory.mktemp("daemon") / "state"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("AGENTPARK_VLLM__PIN_MARGIN", "20")  # read again by a restart
-        made.start()
-        assert made.settings is not None and made.settings.vllm.turn_end == "adaptive"
-        assert made.settings.vllm.pin_margin == 20
-        try:
+        with shm_daemon(state, "agentpark-pins-test-") as made:
+            assert made.settings is not None and made.settings.vllm.turn_end == "adaptive"
+            assert made.settings.vllm.pin_margin == 20
             yield made
-        finally:
-            made.close()
-            for leftover in shm.iterdir():
-                leftover.unlink()
-            shm.rmdir()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import pytest
 
 from agentpark.vllm_tools.launch import vllm_env
-from tests.vllm_real.agents import SYSTEM, AgentDaemon, Turn, run_turns, wait_for
+from tests.vllm_real.agents import SYSTEM, AgentDaemon, Turn, run_turns, shm_daemon, wait_for
 from tests.vllm_real.conftest import DEFAULT_ENV, StartVllm, VllmServer
 from tests.vllm_real.hinted_engine import MARK
 
@@ -34,16 +33,8 @@ IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine core in the c
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentDaemon]:
-    shm = Path(tempfile.mkdtemp(prefix="agentpark-names-test-", dir="/dev/shm"))
-    made = AgentDaemon(tmp_path_factory.mktemp("daemon") / "state", shm / "pool")
-    made.start()
-    try:
+    with shm_daemon(tmp_path_factory.mktemp("daemon") / "state", "agentpark-names-test-") as made:
         yield made
-    finally:
-        made.close()
-        for leftover in shm.iterdir():
-            leftover.unlink()
-        shm.rmdir()
 
 
 @pytest.fixture(scope="module")

@@ -20,14 +20,13 @@ shared between tests, and measures the pool by differences.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.vllm_real.agents import TOOL_RESULT, AgentDaemon, wait_for
+from tests.vllm_real.agents import TOOL_RESULT, AgentDaemon, shm_daemon, wait_for
 from tests.vllm_real.conftest import StartVllm, VllmServer
 from tests.vllm_real.conversations import (
     BLOCK,
@@ -47,16 +46,8 @@ def _session(name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentDaemon]:
-    shm = Path(tempfile.mkdtemp(prefix="agentpark-vllm-test-", dir="/dev/shm"))
-    made = AgentDaemon(tmp_path_factory.mktemp("daemon") / "state", shm / "pool")
-    made.start()
-    try:
+    with shm_daemon(tmp_path_factory.mktemp("daemon") / "state", "agentpark-vllm-test-") as made:
         yield made
-    finally:
-        made.close()
-        for leftover in shm.iterdir():
-            leftover.unlink()
-        shm.rmdir()
 
 
 @pytest.fixture(scope="module")

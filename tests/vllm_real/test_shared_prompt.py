@@ -17,14 +17,13 @@ previous prompt, and tokens and logprobs equal a roomy plain server's.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.vllm_real.agents import TOOL_RESULT, AgentDaemon
+from tests.vllm_real.agents import TOOL_RESULT, AgentDaemon, shm_daemon
 from tests.vllm_real.conftest import StartVllm, VllmServer
 from tests.vllm_real.conversations import (
     BLOCK,
@@ -46,16 +45,8 @@ def _park(name: str) -> Mapping[str, Any]:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentDaemon]:
-    shm = Path(tempfile.mkdtemp(prefix="agentpark-vllm-test-", dir="/dev/shm"))
-    made = AgentDaemon(tmp_path_factory.mktemp("daemon") / "state", shm / "pool")
-    made.start()
-    try:
+    with shm_daemon(tmp_path_factory.mktemp("daemon") / "state", "agentpark-vllm-test-") as made:
         yield made
-    finally:
-        made.close()
-        for leftover in shm.iterdir():
-            leftover.unlink()
-        shm.rmdir()
 
 
 @pytest.fixture(scope="module")

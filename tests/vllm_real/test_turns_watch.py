@@ -9,7 +9,6 @@ parked copy, and its end parked again.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.vllm_real.agents import AgentDaemon, run_turns
+from tests.vllm_real.agents import AgentDaemon, run_turns, shm_daemon
 from tests.vllm_real.conftest import StartVllm
 
 PATIENT = {"AGENTPARK_CONNECTOR_TIMEOUT_MS": "2000"}  # a loaded 2-core machine
@@ -30,16 +29,8 @@ def _park(session_id: str) -> dict[str, Any]:
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[AgentDaemon]:
-    shm = Path(tempfile.mkdtemp(prefix="agentpark-vllm-watch-", dir="/dev/shm"))
-    made = AgentDaemon(tmp_path / "state", shm / "pool")
-    made.start()
-    try:
+    with shm_daemon(tmp_path / "state", "agentpark-vllm-watch-") as made:
         yield made
-    finally:
-        made.close()
-        for leftover in shm.iterdir():
-            leftover.unlink()
-        shm.rmdir()
 
 
 def test_a_streamed_answer_under_kv_pressure_is_told_by_one_get_of_its_chunk_id(
