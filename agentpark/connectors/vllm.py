@@ -11,7 +11,8 @@ default 50, or ``$AGENTPARK_CONNECTOR_TIMEOUT_MS``; a miss is counted ``slow`` a
 is not parked; the worker's calls wait 20 times that), ``tenant``
 (default "default"), ``tool_call_format`` (the chat template's tool-call markers read from
 a turn's output for its tool: agentpark.connectors.toolcalls, default "auto"); on TPU
-``tpu_sync_host_bytes`` (default 1 GiB) and ``tpu_sync_shm_dir``, see ``register_runner``). A request takes part when its body has
+``tpu_sync_host_bytes`` (default 1 GiB) and ``tpu_sync_shm_dir``, see ``register_runner``).
+A request takes part when its body has
 ``kv_transfer_params: {"agentpark": {"session_id": ..., "tool": ...,
 "expected_resume_s": ...}}``; the response's ``kv_transfer_params.agentpark`` says
 ``decision``, ``why``, ``restored_tokens`` and ``restored_from``.
