@@ -68,6 +68,8 @@ class Decision(StrEnum):
     PARKED = "parked"
     KEPT = "kept"
     NOT_PARKED = "not_parked"
+    PINNED = "pinned"  # vLLM: the blocks stay allocated (a delayed free) until a pin ends
+    DROPPED = "dropped"  # vLLM: the blocks are freed now; the next turn recomputes
 
 
 class RestoredFrom(StrEnum):
@@ -98,6 +100,10 @@ class Reason(StrEnum):
     TTL = "ttl"  # a parked copy untouched for policy.parked_ttl_s was dropped
     CONTENT = "content"  # parked blocks found by content (another session's) served it
     ANONYMOUS = "anonymous"  # an unnamed conversation's copy: superseded, over its share, TTL
+    RETURN = "return"  # a pin ended: the session's next request came
+    TIMEOUT = "timeout"  # a pin ended: its time-out passed
+    SHUTDOWN = "shutdown"  # a pin ended: the engine stopped
+    EXPIRED = "expired"  # a pin's record ended past its time-out with no word from the engine
 
 
 class EventKind(StrEnum):
@@ -108,6 +114,9 @@ class EventKind(StrEnum):
     GENERATE = "generate"
     TURN = "turn"  # an external engine reported a turn's tokens and blocks
     KEEP = "keep"
+    PIN = "pin"  # vLLM kept a turn's blocks allocated (until its next request or a time-out)
+    UNPIN = "unpin"  # such a pin ended (its reason: return, timeout, pressure, ...)
+    DROP = "drop"  # vLLM freed a turn's blocks without a copy
     PAUSE = "pause"
     RESUME = "resume"
     RECOMPUTE = "recompute"

@@ -103,6 +103,7 @@ class Runtime:
             view = core.snapshot(ready=ready.is_set(), listen=listen)
             if vllm is not None:
                 view.degraded = vllm.degraded.total()
+                view.pins = vllm.driver.turn_ends.pins.figures()
             return view
 
         metrics = Metrics(snapshot, core.live_sessions, host_label(settings))
@@ -145,6 +146,7 @@ class Runtime:
         )
         if self.vllm is not None:
             view.degraded = self.vllm.degraded.total()
+            view.pins = self.vllm.driver.turn_ends.pins.figures()
         return view
 
     def warm_up(self) -> None:

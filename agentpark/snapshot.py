@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from agentpark.enums import State
 
-__all__ = ["Counters", "HostSnapshot", "PoolFigures", "TierFigures"]
+__all__ = ["Counters", "HostSnapshot", "PinFigures", "PoolFigures", "TierFigures"]
 
 
 class PoolFigures(BaseModel):
@@ -49,6 +49,25 @@ class Counters(BaseModel):
     prefill_tokens_avoided: int = Field(0, description="tokens an engine did not recompute")
 
 
+class PinFigures(BaseModel):
+    """vLLM's pins (a turn's blocks kept allocated until the session's next request): now,
+    and since this daemon started (a restart forgets pins: the connector frees them)."""
+
+    sessions: int = Field(0, description="sessions pinned now")
+    blocks: int = Field(0, description="vLLM blocks they hold")
+    released: dict[str, int] = Field(
+        default_factory=dict,
+        description="pins ended, by cause: return, timeout, pressure, shutdown, restart, "
+        "expired (no word from the connector past the time-out)",
+    )
+    tokens_saved: int = Field(0, description="prefill tokens vLLM served from pinned blocks")
+    bytes_saved: int = Field(0, description="those tokens' whole blocks, in bytes")
+    turn_ends: dict[str, int] = Field(
+        default_factory=dict,
+        description="turn ends by answer: pinned, parked, dropped, kept",
+    )
+
+
 def _no_sessions() -> dict[str, int]:
     return {s.value: 0 for s in State if s is not State.DELETED}
 
@@ -80,4 +99,7 @@ class HostSnapshot(BaseModel):
         None,
         description="vLLM mode: requests connectors served without agentpark since start, "
         "by cause (slow: the answer came after the connector's budget); null: no vLLM",
+    )
+    pins: PinFigures | None = Field(
+        None, description="vLLM mode: pins now and since start; null: no vLLM"
     )

@@ -19,7 +19,14 @@ from agentpark.client import AgentparkAPIError, AgentparkClient
 from agentpark.enums import State
 from agentpark.snapshot import HostSnapshot
 
-__all__ = ["degraded_line", "human_bytes", "parked_line", "print_status", "reclaimed_line"]
+__all__ = [
+    "degraded_line",
+    "human_bytes",
+    "parked_line",
+    "pins_lines",
+    "print_status",
+    "reclaimed_line",
+]
 
 _M = TypeVar("_M")
 
@@ -50,6 +57,26 @@ def degraded_line(counts: dict[str, int]) -> str:
     slow = counts.get("slow", 0) + counts.get("timeout", 0)
     other = sum(counts.values()) - slow
     return f"{slow} slow, {other} other"
+
+
+def pins_lines(host: HostSnapshot) -> list[tuple[str, str]]:
+    """vLLM's pins: held now, ended by cause, and what pins saved beside parks."""
+    pins = host.pins
+    if pins is None:
+        return []
+    released = ", ".join(f"{n} {cause}" for cause, n in sorted(pins.released.items())) or "none"
+    by_park = max(0, host.counters.prefill_tokens_avoided - pins.tokens_saved)
+    answers = pins.turn_ends
+    ends = ", ".join(f"{answers.get(a, 0)} {a}" for a in ("pinned", "parked", "dropped", "kept"))
+    return [
+        ("pinned now", f"{pins.sessions} sessions, {pins.blocks} vLLM blocks"),
+        ("pins ended", released),
+        (
+            "prefill saved by pins / parks",
+            f"{pins.tokens_saved} / {by_park} tokens ({human_bytes(pins.bytes_saved)} by pins)",
+        ),
+        ("turn ends", ends),
+    ]
 
 
 def print_status(url: str, console: Console | None = None, *, token: str | None = None) -> int:
@@ -91,6 +118,8 @@ def print_status(url: str, console: Console | None = None, *, token: str | None 
         summary.add_row("parked now", parked_line(host))
         if host.degraded is not None:
             summary.add_row("vLLM turns served without agentpark", degraded_line(host.degraded))
+        for what, line in pins_lines(host):
+            summary.add_row(what, line)
         for name, tier in host.tiers.items():
             summary.add_row(
                 f"tier {name}",

@@ -36,6 +36,8 @@ _SUFFIX = re.compile(r"-[0-9a-f]{8}")
 _END = {
     EventKind.PAUSE: TurnDecision.PARKED,
     EventKind.KEEP: TurnDecision.KEPT,
+    EventKind.PIN: TurnDecision.PINNED,
+    EventKind.DROP: TurnDecision.DROPPED,
     EventKind.PAUSE_FAILED: TurnDecision.NOT_PARKED,
 }
 _START = {

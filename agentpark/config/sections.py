@@ -224,6 +224,29 @@ class VllmSettings(_Section):
         max_length=256,
         description="the block-hash chain's root seed: vLLM's (its PYTHONHASHSEED if it has one)",
     )
+    # A turn end's answer (agentpark.policy.turn_end); the defaults are reasoned there.
+    turn_end: Literal["adaptive", "park", "pin"] = Field(
+        "adaptive",
+        description="a turn end's answer: adaptive (pin a short pause, park a long one, drop "
+        "what is cheaper to recompute), park (park or keep by break-even only, as before), "
+        "pin (pin every turn for pin_ttl_s while room; Continuum's rule)",
+    )
+    pin_ttl_s: float = Field(
+        30.0,
+        gt=0.0,
+        le=3600.0,
+        description="a pin's time-out in turn_end=pin; in adaptive the cap of expected "
+        "pause x pin_margin, and the longest expected pause that is pinned",
+    )
+    pin_margin: float = Field(
+        2.0, ge=1.0, le=100.0, description="adaptive: a pin's time-out = expected pause x this"
+    )
+    pin_share: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="most of vLLM's KV cache (its blocks) pins may hold together; 0: never pin",
+    )
 
 
 class LimitSettings(_Section):

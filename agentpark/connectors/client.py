@@ -15,6 +15,11 @@ Each connection starts with ``hello``: the token (the daemon decides the tenant 
 as REST does) and ``peer``, the engine this connector serves, so that the scheduler's
 connection and the workers' may finish each other's parks and loads. A ``tenant`` a
 call names is not sent: the connection's tenant is its token's.
+
+``generation`` counts the daemons this client has lost: it grows when an established
+connection breaks (not when this side drops a slow one) or when a hello names a daemon
+instance other than the last one's. What the daemon held for the older generation (pins)
+is gone; ``probe`` finds a broken connection without a call (a peek at the socket).
 """
 
 from __future__ import annotations
@@ -70,6 +75,10 @@ class ControlClient:
         self.counts: collections.Counter[str] = collections.Counter()  # all since start
         self._unsent: collections.Counter[str] = collections.Counter()
         self._logged: set[str] = set()
+        self.protocol: int | None = None  # the daemon's, from hello
+        self.pin_share: float | None = None  # the daemon's bound on pinned blocks (hello)
+        self.generation = 0
+        self._instance: str | None = None
         # Why the last call got no answer (a turn that was not parked says it).
         self.last_miss = "the agentpark daemon did not answer"
 
@@ -139,7 +148,7 @@ class ControlClient:
                 if not reused or isinstance(exc, TimeoutError):
                     raise
                 # The daemon restarted since this connection was made: one fresh try.
-                self._drop()
+                self._lost()
                 sock = self._connect(wait_s, op)
                 if sock is None:
                     return None
@@ -152,7 +161,7 @@ class ControlClient:
             self._too_late(op, started, wait_s)
             return None
         except (OSError, ProtocolError) as exc:
-            self._drop()
+            self._lost()
             self._retry_at = time.monotonic() + _BACKOFF_S
             self.degraded("daemon_unreachable", f"the control connection failed: {exc}")
             return None
@@ -200,6 +209,14 @@ class ControlClient:
             self.degraded(cause, f"the daemon refused the connection: {answer.get('error')}")
             return None
         self.tenant = str(answer.get("tenant"))
+        self.protocol = int(answer.get("protocol") or 0)
+        share = answer.get("pin_share")
+        self.pin_share = float(share) if isinstance(share, int | float) else None
+        instance = answer.get("instance")
+        if isinstance(instance, str):
+            if self._instance is not None and instance != self._instance:
+                self.generation += 1  # a new daemon: the old one's state is gone
+            self._instance = instance
         self._sock = sock
         return sock
 
@@ -239,6 +256,32 @@ class ControlClient:
         self._path, self.tenant = path, tenant
         self.log.info("agentpark %s: daemon %s, control socket %s", self.who, self.daemon_url, path)
         return path
+
+    def probe(self) -> int:
+        """The generation, after a peek at the connection (no call): a daemon that went
+        away closed it, so a readable end of stream means it is lost."""
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                return self.generation
+            sock.settimeout(0.0)  # a timeout would make Python wait for the peek
+            try:
+                data = sock.recv(1, socket.MSG_PEEK)
+            except BlockingIOError:
+                return self.generation  # open, nothing to read: the daemon is there
+            except OSError:
+                data = b""
+            finally:
+                sock.settimeout(self.timeout_s)
+            if not data:  # end of stream (or a frame nobody asked for: out of step)
+                self._lost()
+            return self.generation
+
+    def _lost(self) -> None:
+        """An established connection broke: whatever the daemon held for it may be gone."""
+        if self._sock is not None:
+            self.generation += 1
+        self._drop()
 
     def _drop(self) -> None:
         sock, self._sock = self._sock, None

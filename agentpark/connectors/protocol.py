@@ -29,10 +29,13 @@ match              how many tokens beyond ``num_computed`` parked blocks hold (t
 begin_load         take parked blocks for a load: tier slots and each block's digest
 load_done          the worker loaded (or found the copy damaged): commit or drop it
 prepare_store      a turn ended: park (a slot per block, ``fresh`` where the worker copies;
-                   the pool holds the others by content) or keep, and why
+                   the pool holds the others by content), pin (keep the blocks allocated
+                   for ``pin_ttl_s``), drop (free them now) or keep (nothing), and why
 complete_store     the worker copied the fresh blocks (with each one's digest), or failed
 release            the conversation is over (a kv_hints ``agentpark.release``): delete the
                    session, its parked copy freed
+unpin              a pin ended (the session's next request, its time-out, pressure, the
+                   engine's shutdown or the daemon's restart), with what it saved
 degraded           counts of requests a connector served without agentpark, by cause
 =================  ======================================================================
 """
@@ -45,7 +48,7 @@ import socket
 import struct
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, TypeGuard
+from typing import Any, Literal, TypeGuard, get_args
 
 import numpy as np
 
@@ -55,11 +58,14 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_JSON",
     "PROTOCOL",
+    "TURN_END_DECISIONS",
+    "UNPIN_CAUSES",
     "Held",
     "Layout",
     "PoolFile",
     "ProtocolError",
     "SessionParams",
+    "UnpinCause",
     "decode_tokens",
     "encode_frame",
     "encode_tokens",
@@ -70,7 +76,7 @@ __all__ = [
     "valid_session_id",
 ]
 
-PROTOCOL = 3  # 2: hello with the token first; 3: blocks by content (fresh, digests)
+PROTOCOL = 4  # 2: hello with the token first; 3: blocks by content; 4: pins (unpin)
 MAX_JSON = 1 << 20
 # A token blob: 16 MiB is 4M token ids, several times the longest context any model takes.
 MAX_BLOB = 16 << 20
@@ -81,6 +87,12 @@ HEAD_SIZE = _HEAD.size
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 TOOL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 PARAM_KEYS = frozenset({"session_id", "tool", "expected_resume_s", "tenant"})
+TURN_END_DECISIONS = ("parked", "pinned", "dropped", "kept")
+"""prepare_store's answers: copy then free; hold allocated; free now; nothing done."""
+UnpinCause = Literal["return", "timeout", "pressure", "shutdown", "restart"]
+UNPIN_CAUSES: tuple[str, ...] = get_args(UnpinCause)
+"""Why a pin ends (``unpin``): the next request came, its time-out, the pool needed the
+blocks, vLLM stopped, or the daemon restarted (it forgot the pin; the connector frees it)."""
 HELD_BACKENDS = frozenset({"tpu_sync"})
 """Backends that keep parked bytes in the worker's own host memory (``register`` with held)."""
 INSTANCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")

@@ -3,6 +3,9 @@
 - ``request_finished``: the turn ended. The daemon decides park or keep; to park it
   reserves slots in the host pool and the connector keeps the request's blocks (delayed
   free) until the worker has copied them (the next step), then the daemon commits.
+- Or the daemon answers "pinned": the blocks stay allocated in vLLM (delayed free) and
+  its own prefix cache serves the next turn; "dropped": freed now
+  (agentpark.connectors.pins: when a pin is let go, and why).
 - ``get_num_new_matched_tokens``: a request of a parked session: the whole blocks of its
   token prefix beyond vLLM's own cache that the parked copy holds (matched on token ids,
   at least one token left to compute); ``update_state_after_alloc`` takes the parked
@@ -27,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from agentpark.connectors.client import ControlClient
 from agentpark.connectors.hints import Resolved, resolve
+from agentpark.connectors.pins import EngineView, Pins
 from agentpark.connectors.protocol import SessionParams, encode_tokens
-from agentpark.connectors.steps import LoadMeta, StepPlan, StoreMeta
+from agentpark.connectors.steps import LoadMeta, StepPlan, store_meta
 from agentpark.connectors.toolcalls import ToolCallReader
 
 if TYPE_CHECKING:
@@ -92,6 +96,8 @@ class SchedulerSide:
         self.block_size = block_size
         self._requests: dict[str, _Request] = {}
         self._next = StepPlan()
+        self.engine = EngineView(block_size)
+        self.pins = Pins(client, freeable=self.engine.freeable)
 
     @property
     def session_tenant(self) -> str:
@@ -127,6 +133,8 @@ class SchedulerSide:
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
+        num_tokens = getattr(request, "num_tokens", None) or len(request.all_token_ids)
+        self.engine.asked(request.request_id, int(num_tokens), num_computed_tokens)
         _, params = self._session(request)
         if params is None:
             return 0, False
@@ -152,10 +160,15 @@ class SchedulerSide:
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        if num_external_tokens <= 0:
-            return
+        self.engine.allocated(request.request_id)
         record = self._requests.get(request.request_id)
         (block_ids, *_rest) = blocks.get_block_ids()
+        if self.pins.book.pins:  # the new request holds its blocks now: a pin can go
+            session = record.params.session_id if record else None
+            reused = record.num_computed if record else 0
+            self.pins.returned(session, list(block_ids), reused, self._next)
+        if num_external_tokens <= 0:
+            return
         start = record.num_computed // self.block_size if record else 0
         end = start + num_external_tokens // self.block_size
         targets = list(block_ids[start:end])
@@ -191,10 +204,43 @@ class SchedulerSide:
         record.restored_from = str(answer.get("tier", "shm"))
         record.load_blocks = tuple(targets)
 
-    def build_plan(self) -> StepPlan:
-        """This step's copies for the worker; the next step starts an empty plan."""
-        plan, self._next = self._next, StepPlan()
+    def build_plan(self, scheduled_tokens: int = 0) -> StepPlan:
+        """This step's copies and releases for the worker; the next step starts an empty
+        plan. Every step: the prefill meter, pins past their time, and pressure (a waiting
+        request that got no blocks while pins hold some)."""
+        self.engine.meter.step(scheduled_tokens)
+        try:
+            self.pins.tick(self._next)
+            shortfall = self.engine.shortfall()
+            if shortfall and self.pins.book.pins:
+                self.pins.relieve(shortfall, self._next, engine=self._engine_fields())
+        finally:
+            plan, self._next = self._next, StepPlan()
         return plan
+
+    def has_pending_block_frees(self) -> bool:
+        """vLLM asks only when a running request cannot allocate: let a pin go (latest
+        expected return first) so it waits a step for the blocks instead of preempting;
+        True exactly while such releases are in flight."""
+        if self.pins.in_flight:
+            return True
+        if not self.pins.book.pins:
+            return False
+        return self.pins.relieve(1, self._next, engine=self._engine_fields())
+
+    def finished_sending(self, req_ids: set[str]) -> None:
+        """The worker reported these requests: their blocks are freed now."""
+        if self.pins.in_flight:
+            self.pins.reported(req_ids)
+
+    def shutdown(self) -> None:
+        """vLLM stops: every pin let go (the daemon hears each one)."""
+        self.pins.close("shutdown", self._next)
+
+    def _engine_fields(self) -> dict[str, Any]:
+        if (self.client.protocol or 0) < 4:
+            return {}  # a daemon before control protocol 4 refuses fields it does not know
+        return self.engine.fields(self.pins.blocks)
 
     def loads_failed(self, bad_blocks: set[int]) -> None:
         """The worker could not load these blocks: their requests restored nothing."""
@@ -206,6 +252,7 @@ class SchedulerSide:
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         record = self._requests.pop(request.request_id, None)
+        self.engine.allocated(request.request_id)
         resolved, params = self._session(request)
         for cause, why in resolved.notes:  # once per request: vLLM finishes each once
             self.client.degraded(cause, f"request {request.request_id}: {why}")
@@ -259,15 +306,16 @@ class SchedulerSide:
         tool = params.tool
         if tool is None and self.tools is not None:
             tool = self.tools.tool_for(request, self.client.degraded)
-        answer = self.client.call(
-            "prepare_store",
-            encode_tokens(tokens),
-            session_id=params.session_id,
-            block_ids=ids,
-            tool=tool,
-            expected_resume_s=params.expected_resume_s,
+        fields: dict[str, Any] = {
+            "session_id": params.session_id,
+            "tool": tool,
+            "expected_resume_s": params.expected_resume_s,
             **block_keys(request),
-            request_id=_request_id(request),
+            "request_id": _request_id(request),
+        }
+        engine = self._engine_fields()
+        answer = self.client.call(
+            "prepare_store", encode_tokens(tokens), block_ids=ids, **engine, **fields
         )
         if answer is None:
             return False, _answer("kept", self.client.last_miss, record)
@@ -275,20 +323,30 @@ class SchedulerSide:
             why = str(answer.get("error"))
             self.client.degraded(str(answer.get("cause", "refused")), f"park refused: {why}")
             return False, _answer("kept", why, record)
-        if answer.get("decision") != "parked":
-            return False, _answer("kept", str(answer.get("why")), record)
-        slots = [int(s) for s in answer["slots"]]
-        fresh = [bool(f) for f in answer.get("fresh") or [True] * len(slots)]
-        self._next.stores.append(
-            StoreMeta(
-                request.request_id,
-                int(answer["store_id"]),
-                [b for b, new in zip(ids, fresh, strict=True) if new],
-                [s for s, new in zip(slots, fresh, strict=True) if new],
-                bool(answer.get("checksum")),
-                answer.get("pool_id"),
+        if answer.get("decision") == "pinned":
+            if self.pins.fits(len(ids), self.engine.total_blocks):
+                self.pins.pin(request.request_id, ids, tokens, answer, fields)
+                return True, _answer("pinned", str(answer.get("why")), record)
+            # Over the pinned share (a hard bound here too): offered again as pressure.
+            session = str(answer.get("session_id") or params.session_id)
+            answer = self.client.call(
+                "prepare_store",
+                encode_tokens(tokens),
+                block_ids=ids,
+                pressure=True,
+                **engine,
+                **fields,
             )
-        )
+            self.pins.unpin(session, "pressure", len(ids))
+            if answer is None or not answer.get("ok") or answer.get("decision") == "pinned":
+                why = f"over the pinned share ({self.pins.share:.0%} of the engine's blocks)"
+                return False, _answer("dropped", why, record)
+        decision = str(answer.get("decision"))
+        if decision == "dropped":
+            return False, _answer("dropped", str(answer.get("why")), record)
+        if decision != "parked":
+            return False, _answer("kept", str(answer.get("why")), record)
+        self._next.stores.append(store_meta(request.request_id, ids, answer))
         return True, _answer("parked", str(answer.get("why")), record)
 
 

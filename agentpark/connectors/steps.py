@@ -8,8 +8,9 @@ writes these, the torch worker (agentpark.connectors.torch_copies) and the TPU w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["LoadMeta", "StepPlan", "StoreMeta"]
+__all__ = ["LoadMeta", "StepPlan", "StoreMeta", "store_meta"]
 
 
 @dataclass
@@ -44,3 +45,20 @@ class StepPlan:
     stores: list[StoreMeta] = field(default_factory=list)
     loads: list[LoadMeta] = field(default_factory=list)
     invalid: list[int] = field(default_factory=list)  # blocks vLLM must recompute
+    # Pinned requests let go with no copy: the worker reports them in get_finished at
+    # once, and vLLM frees their blocks.
+    release: list[str] = field(default_factory=list)
+
+
+def store_meta(req_id: str, block_ids: list[int], answer: dict[str, Any]) -> StoreMeta:
+    """The copy a "parked" prepare_store answer asks for (only the blocks it says are fresh)."""
+    slots = [int(s) for s in answer["slots"]]
+    fresh = [bool(f) for f in answer.get("fresh") or [True] * len(slots)]
+    return StoreMeta(
+        req_id,
+        int(answer["store_id"]),
+        [b for b, new in zip(block_ids, fresh, strict=True) if new],
+        [s for s, new in zip(slots, fresh, strict=True) if new],
+        bool(answer.get("checksum")),
+        answer.get("pool_id"),
+    )

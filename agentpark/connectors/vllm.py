@@ -15,7 +15,12 @@ a turn's output for its tool: agentpark.connectors.toolcalls, default "auto"); o
 A request takes part when its body has
 ``kv_transfer_params: {"agentpark": {"session_id": ..., "tool": ...,
 "expected_resume_s": ...}}``; the response's ``kv_transfer_params.agentpark`` says
-``decision``, ``why``, ``restored_tokens`` and ``restored_from``.
+``decision`` (``parked``: copied to the host pool, then freed; ``pinned``: the blocks stay
+allocated in vLLM, its own prefix cache serves the next turn; ``dropped``: freed now;
+``kept``, ``refused``, ``released``), ``why``, ``restored_tokens`` and ``restored_from``.
+A pin is let go at the session's return, its time-out, under pressure (``has_pending_block_frees``
+makes vLLM wait a step for it instead of preempting), or when the daemon is lost
+(agentpark.connectors.pins).
 
 The connector is a facade, like vLLM's own OffloadingConnector: vLLM builds it once per
 process with a role, and it delegates to the scheduler side (agentpark.connectors.scheduler:
@@ -65,6 +70,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -183,14 +189,24 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
     ) -> None:
         self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
+    def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
+        """The scheduler's block pool: free and total blocks for pins and pressure."""
+        if self.scheduler is not None:
+            self.scheduler.engine.pool = gpu_block_pool
+
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        plan = self._scheduler.build_plan()
-        return AgentparkMetadata(plan.stores, plan.loads, plan.invalid)
+        tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
+        plan = self._scheduler.build_plan(tokens)
+        return AgentparkMetadata(plan.stores, plan.loads, plan.invalid, plan.release)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         bad = connector_output.invalid_block_ids
         if bad:
             self._scheduler.loads_failed(set(bad))
+        self._scheduler.finished_sending(set(connector_output.finished_sending or ()))
+
+    def has_pending_block_frees(self) -> bool:
+        return self._scheduler.has_pending_block_frees()
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -235,6 +251,8 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
         return self._worker.get_block_ids_with_load_errors()
 
     def shutdown(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.shutdown()
         if self.worker is not None:
             self.worker.shutdown()
         self.client.close()

@@ -8,7 +8,8 @@ taken, so this module loads without torch or JAX.
 
 A store is planned only for a request vLLM has finished, so its copy being done (or
 failed) is its send being done: ``get_finished`` hands it back at once and vLLM frees its
-blocks; nothing is kept past that step.
+blocks; nothing is kept past that step. A pinned request (agentpark.connectors.pins) is
+reported in the step whose plan lets it go (``release``).
 """
 
 from __future__ import annotations
@@ -146,10 +147,13 @@ class WorkerSide:
         self._sending |= self.copies.run_stores(plan.stores)
 
     def get_finished(self, plan: StepPlan | None) -> tuple[set[str] | None, set[str] | None]:
-        """The requests whose store is done: vLLM frees their blocks now."""
+        """The requests whose store is done, and the pins let go: vLLM frees their
+        blocks now (each id was in a finished_req_ids: vLLM finished it before it planned)."""
         self.run_stores(plan)
         self.copies.maybe_register()
         done, self._sending = self._sending, set()
+        if plan is not None:
+            done.update(plan.release)
         return (done or None), None
 
     def get_block_ids_with_load_errors(self) -> set[int]:

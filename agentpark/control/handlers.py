@@ -48,6 +48,8 @@ from agentpark.control.ops import (
     RegisterRequest,
     ReleaseAnswer,
     ReleaseRequest,
+    UnpinAnswer,
+    UnpinRequest,
     parse_request,
 )
 from agentpark.control.server import Connection, refusal
@@ -60,7 +62,9 @@ from agentpark.errors import (
     SessionNotFoundError,
     UnauthenticatedError,
 )
-from agentpark.parking.external import StorePlan
+from agentpark.parking import PauseResult
+from agentpark.parking.external import Pinned, StorePlan, TurnEndAsk, TurnEndRule
+from agentpark.policy.turn_end import choose
 
 if TYPE_CHECKING:
     from agentpark.control.vllm import VllmService
@@ -88,6 +92,7 @@ class ControlOps:
             CompleteStoreRequest: self._complete_store,
             DegradedRequest: self._degraded,
             ReleaseRequest: self._release,
+            UnpinRequest: self._unpin,
         }
 
     # ---- the server's callbacks -----------------------------------------------------------
@@ -177,7 +182,12 @@ class ControlOps:
         with self._lock:
             self._open[owner] += 1
         conn.identity, conn.owner, conn.said_hello = identity, owner, True
-        answer = HelloAnswer(protocol=PROTOCOL, version=__version__, tenant=identity.tenant)
+        answer = HelloAnswer(
+            protocol=PROTOCOL,
+            version=__version__,
+            tenant=identity.tenant,
+            pin_share=self.service.settings.vllm.pin_share,
+        )
         return answer.wire(), b""
 
     def _register(self, conn: Connection, request: RegisterRequest, blob: bytes) -> RegisterAnswer:
@@ -194,13 +204,14 @@ class ControlOps:
 
     def _match(self, conn: Connection, request: MatchRequest, blob: bytes) -> MatchAnswer:
         assert conn.identity is not None
-        n = self.service.driver.promote_and_lookup(
+        n = self.service.driver.match(
             conn.identity.tenant,
             request.session_id,
             decode_tokens(blob),
             request.num_computed,
             Tier.SHM,
             request.extra(),
+            request.request_id,
         )
         return MatchAnswer(tokens=n)
 
@@ -262,7 +273,21 @@ class ControlOps:
             owner=conn.owner,
             extra=request.extra(),
             request_id=request.request_id,
+            ask=self._ask(request),
         )
+        answer = self._store_answer(result)
+        driver.turn_ends.pins.answered(answer.decision)
+        return answer
+
+    def _store_answer(self, result: PauseResult | StorePlan | Pinned) -> PrepareStoreAnswer:
+        if isinstance(result, Pinned):
+            return PrepareStoreAnswer(
+                decision=Decision.PINNED,
+                why=result.why,
+                pin_ttl_s=result.ttl_s,
+                expected_resume_s=result.expected_s,
+                session_id=result.row.session_id,
+            )
         if not isinstance(result, StorePlan):
             return PrepareStoreAnswer(decision=result.decision, why=result.why)
         return PrepareStoreAnswer(
@@ -273,6 +298,22 @@ class ControlOps:
             fresh=list(result.fresh),
             checksum=result.checksum,
             pool_id=self.service.pool_id,
+        )
+
+    def _ask(self, request: PrepareStoreRequest) -> TurnEndAsk:
+        """The turn end's facts from the connector, with the rule that answers them."""
+        settings = self.service.settings
+        vllm, policy = settings.vllm, settings.policy
+        return TurnEndAsk(
+            rule=TurnEndRule(vllm.turn_end, vllm.pin_ttl_s, vllm.pin_margin, vllm.pin_share),
+            choose=choose,
+            engine_free_blocks=request.engine_free_blocks,
+            engine_total_blocks=request.engine_total_blocks,
+            pinned_blocks=request.pinned_blocks,
+            pressure=request.pressure,
+            prefill_ms_per_token=request.prefill_ms_per_token,
+            overhead_s=policy.overhead_s,
+            quantile=policy.tool_quantile,
         )
 
     def _complete_store(
@@ -299,6 +340,16 @@ class ControlOps:
         for cause, n in request.counts.items():
             self.service.count_degraded(cause, n, tenant=self._tenant(conn))
         return DegradedAnswer()
+
+    def _unpin(self, conn: Connection, request: UnpinRequest, blob: bytes) -> UnpinAnswer:
+        """A pin ended on the connector's side: forget it, count its cause and savings."""
+        assert conn.identity is not None
+        pin = self.service.driver.turn_ends.unpin(
+            conn.identity.tenant, request.session_id, request.cause, request.reused_tokens
+        )
+        if pin is None:
+            return UnpinAnswer(pinned=False, why="no such pin (ended already, or forgotten)")
+        return UnpinAnswer(pinned=True, why=f"unpinned: {request.cause}")
 
     def _release(self, conn: Connection, request: ReleaseRequest, blob: bytes) -> ReleaseAnswer:
         """The session core's delete (its parked copy freed), in the connection's tenant."""

@@ -31,6 +31,7 @@ from agentpark.connectors.protocol import (
     TOOL_RE,
     Held,
     Layout,
+    UnpinCause,
 )
 from agentpark.kvkeys import Lora
 from agentpark.parking.external.lookup import RequestKeys
@@ -59,11 +60,14 @@ __all__ = [
     "ReleaseAnswer",
     "ReleaseRequest",
     "RequestId",
+    "UnpinAnswer",
+    "UnpinRequest",
     "parse_request",
 ]
 
 MAX_BLOCKS = 1 << 17  # block ids in one request: 2M tokens at 16 a block
 MAX_EXPECTED_RESUME_S = 86_400.0  # what the connector's kv_transfer_params allow
+MAX_PREFILL_MS_PER_TOKEN = 60_000.0  # a minute a token: slower than any engine measured
 _PLAN_ID = Annotated[int, Field(ge=1, le=2**53)]
 _BLOCK = Annotated[int, Field(ge=0, le=2**31 - 1)]
 _COUNT = Annotated[int, Field(ge=0, le=2**31 - 1)]
@@ -215,6 +219,25 @@ class PrepareStoreRequest(_Keyed):
     tool: Tool | None = None
     expected_resume_s: float | None = Field(None, ge=0.0, le=MAX_EXPECTED_RESUME_S)
     request_id: RequestId | None = None
+    # What the connector sees of vLLM's pool at the turn end (protocol 4): the adaptive
+    # answer (pin, park, drop) weighs them (agentpark.policy.turn_end).
+    engine_free_blocks: _COUNT | None = None
+    engine_total_blocks: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+    pinned_blocks: _COUNT = 0
+    pressure: bool = Field(
+        False, description="a pinned turn let go under pressure: parked or dropped, never pinned"
+    )
+    prefill_ms_per_token: float | None = Field(None, ge=0.0, le=MAX_PREFILL_MS_PER_TOKEN)
+
+    @model_validator(mode="after")
+    def _pool(self) -> PrepareStoreRequest:
+        total = self.engine_total_blocks
+        free = self.engine_free_blocks
+        if total is not None and free is not None and free > total:
+            raise ValueError("engine_free_blocks: more than engine_total_blocks")
+        if total is not None and self.pinned_blocks > total:
+            raise ValueError("pinned_blocks: more than engine_total_blocks")
+        return self
 
 
 class CompleteStoreRequest(_Request):
@@ -236,6 +259,18 @@ class ReleaseRequest(_Request):
     session_id: SessionId
 
 
+class UnpinRequest(_Request):
+    """A pin ended on the connector's side: the daemon forgets it and counts why."""
+
+    op: Literal["unpin"]
+    session_id: SessionId
+    cause: UnpinCause
+    blocks: _COUNT = 0
+    reused_tokens: _COUNT = Field(
+        0, description="on return: the tokens of the next request vLLM's prefix cache served"
+    )
+
+
 class DegradedRequest(_Request):
     op: Literal["degraded"]
     counts: dict[
@@ -255,6 +290,7 @@ class HelloAnswer(_Answer):
     protocol: int
     version: str
     tenant: str
+    pin_share: float  # the most of vLLM's KV cache pins may hold: the connector's bound too
 
 
 class RegisterAnswer(_Answer):
@@ -290,6 +326,9 @@ class PrepareStoreAnswer(_Answer):
     fresh: list[bool] | None = None  # per slot: copy into it (else the pool holds the block)
     checksum: bool | None = None
     pool_id: str | None = None
+    pin_ttl_s: float | None = None  # pinned: free the blocks after this at the latest
+    expected_resume_s: float | None = None  # pinned: the pressure order (latest first)
+    session_id: str | None = None  # pinned: the name unpin gives (an anonymous one's anon-)
 
 
 class CompleteStoreAnswer(_Answer):
@@ -299,6 +338,11 @@ class CompleteStoreAnswer(_Answer):
 
 class DegradedAnswer(_Answer):
     pass
+
+
+class UnpinAnswer(_Answer):
+    pinned: bool  # False: the daemon had no such pin (ended already, or forgotten)
+    why: str
 
 
 class ReleaseAnswer(_Answer):
@@ -316,6 +360,7 @@ OPS: dict[str, tuple[type[_Request], type[_Answer]]] = {
     "complete_store": (CompleteStoreRequest, CompleteStoreAnswer),
     "degraded": (DegradedRequest, DegradedAnswer),
     "release": (ReleaseRequest, ReleaseAnswer),
+    "unpin": (UnpinRequest, UnpinAnswer),
 }
 """Every op: its request and answer. A new op is added here, or it is unknown."""
 

@@ -206,6 +206,23 @@
     });
   }
 
+  // vLLM's pins (null on a daemon without vLLM: the card stays hidden).
+  function renderPins(host) {
+    var pins = host.pins;
+    document.getElementById("pins-card").hidden = !pins;
+    if (!pins) return;
+    var released = Object.keys(pins.released).sort().map(function (cause) {
+      return pins.released[cause] + " " + cause;
+    });
+    document.getElementById("pins-released").textContent = released.join(", ") || "none";
+    var byParks = Math.max(0, host.counters.prefill_tokens_avoided - pins.tokens_saved);
+    document.getElementById("pins-parks").textContent = String(byParks) + " tokens";
+    var ends = ["pinned", "parked", "dropped", "kept"].map(function (answer) {
+      return (pins.turn_ends[answer] || 0) + " " + answer;
+    });
+    document.getElementById("pins-turn-ends").textContent = ends.join(", ");
+  }
+
   function renderHost(host, history) {
     document.getElementById("host-name").textContent = history ? history.host : "";
     var ready = document.getElementById("ready");
@@ -225,6 +242,7 @@
     if (degraded) Object.keys(degraded).forEach(function (k) { other += degraded[k]; });
     document.getElementById("degraded-slow").textContent = degraded ? String(slow) : "–";
     document.getElementById("degraded-other").textContent = degraded ? String(other - slow) : "–";
+    renderPins(host);
     var tiers = document.getElementById("tiers");
     tiers.textContent = "";
     Object.keys(host.tiers).forEach(function (name) {

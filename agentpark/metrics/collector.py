@@ -16,8 +16,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from agentpark import __version__
+from agentpark.connectors.protocol import UNPIN_CAUSES
 from agentpark.enums import State
-from agentpark.snapshot import HostSnapshot
+from agentpark.snapshot import HostSnapshot, PinFigures
 from agentpark.store.models import SessionRow
 
 
@@ -82,8 +83,26 @@ class HostCollector(Collector):
         )
         avoided = CounterMetricFamily(
             "agentpark_prefill_tokens_avoided",
-            "Prompt tokens an engine did not recompute: restored from a parked copy.",
-            labels=("host",),
+            "Prompt tokens an engine did not recompute: restored from a parked copy (by=park) "
+            "or served by vLLM's prefix cache from pinned blocks (by=pin).",
+            labels=("host", "by"),
+        )
+        kept = CounterMetricFamily(
+            "agentpark_kv_bytes_kept",
+            "KV bytes a session's next turn got back without a recompute: whole blocks of the "
+            "tokens restored from a parked copy (by=park) or reused from a pin (by=pin).",
+            labels=("host", "by"),
+        )
+        pinned = GaugeMetricFamily(
+            "agentpark_pinned_sessions", "vLLM sessions pinned now.", labels=("host",)
+        )
+        pinned_blocks = GaugeMetricFamily(
+            "agentpark_pinned_blocks", "vLLM KV blocks pinned sessions hold now.", labels=("host",)
+        )
+        released = CounterMetricFamily(
+            "agentpark_pins_released",
+            "vLLM pins ended, by cause (return, timeout, pressure, shutdown, restart, expired).",
+            labels=("host", "cause"),
         )
         if view is not None:
             info.add_metric([h, __version__, view.dma_backend, view.model_uid], {})
@@ -106,7 +125,16 @@ class HostCollector(Collector):
                     family.add_metric([h, name], getattr(figures, key))
             for state, count in sorted(view.sessions.items()):
                 sessions.add_metric([h, state], count)
-            avoided.add_metric([h], view.counters.prefill_tokens_avoided)
+            pins = view.pins or PinFigures()
+            by_park = max(0, view.counters.prefill_tokens_avoided - pins.tokens_saved)
+            avoided.add_metric([h, "park"], by_park)
+            avoided.add_metric([h, "pin"], pins.tokens_saved)
+            kept.add_metric([h, "park"], by_park // pool.block_size_tokens * pool.block_bytes)
+            kept.add_metric([h, "pin"], pins.bytes_saved)
+            pinned.add_metric([h], pins.sessions)
+            pinned_blocks.add_metric([h], pins.blocks)
+            for cause in sorted({*UNPIN_CAUSES, "expired", *pins.released}):
+                released.add_metric([h, cause], pins.released.get(cause, 0))
         yield info
         yield ready
         yield pool_blocks
@@ -117,3 +145,7 @@ class HostCollector(Collector):
         yield from tier_gauges.values()
         yield sessions
         yield avoided
+        yield kept
+        yield pinned
+        yield pinned_blocks
+        yield released

@@ -35,7 +35,11 @@ agentpark_parked_bytes                                      gauge      tier
 agentpark_tier_capacity_bytes / _used_bytes                 gauge      tier
 agentpark_tier_capacity_blocks / _used_blocks               gauge      tier
 agentpark_sessions                                          gauge      state
-agentpark_prefill_tokens_avoided_total                      counter
+agentpark_prefill_tokens_avoided_total                      counter    by (park, pin)
+agentpark_kv_bytes_kept_total                               counter    by (park, pin)
+agentpark_pinned_sessions                                   gauge
+agentpark_pinned_blocks                                     gauge
+agentpark_pins_released_total                               counter    cause
 agentpark_events_total                                      counter    kind
 agentpark_pauses_total                                      counter    reason, tier
 agentpark_resumes_total                                     counter    source, reason
@@ -58,6 +62,11 @@ they came from) or ``move`` (a copy from one tier to another, whatever its reaso
 ``tier`` is the destination). ``source`` is the tier a resume restored from, ``recompute``
 when the parked copy was gone and the session was rebuilt by re-prefill, or ``pool`` for a
 resume that found the session already in the pool (when parking records one).
+``by`` says what saved a recompute: ``park`` (a copy loaded back from a host tier) or
+``pin`` (vLLM's own prefix cache, from blocks a pin kept allocated; vLLM mode). ``cause``
+is why a pin ended: ``return`` (the session's next request), ``timeout``, ``pressure``
+(the pool needed the blocks), ``shutdown`` (vLLM stopped), ``restart`` (the daemon
+forgot it) or ``expired`` (no word from the connector past its time-out).
 ``answer`` is what a failed authentication got: ``unauthenticated`` (401) or ``throttled``
 (429, its peer over ``[auth]``'s limit; agentpark.api.auth_limit).
 """
@@ -118,6 +127,10 @@ METRIC_NAMES = (
     "agentpark_tier_used_blocks",
     "agentpark_sessions",
     "agentpark_prefill_tokens_avoided_total",
+    "agentpark_kv_bytes_kept_total",
+    "agentpark_pinned_sessions",
+    "agentpark_pinned_blocks",
+    "agentpark_pins_released_total",
     "agentpark_events_total",
     "agentpark_pauses_total",
     "agentpark_resumes_total",

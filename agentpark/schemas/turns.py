@@ -24,6 +24,8 @@ class TurnDecision(StrEnum):
 
     PARKED = "parked"  # copied into a host tier at the turn's end; the pool let it go
     KEPT = "kept"  # left in the engine's pool (a short pause, or nothing to park)
+    PINNED = "pinned"  # vLLM kept its blocks allocated for the session's next request
+    DROPPED = "dropped"  # vLLM freed its blocks with no copy (cheaper to recompute)
     NOT_PARKED = "not_parked"  # the park was tried and failed; the KV stayed in the pool
     RESTORED = "restored"  # the parked prefix was loaded into the engine
     RECOMPUTED = "recomputed"  # the parked copy was gone or damaged; the engine prefilled

@@ -83,7 +83,8 @@ def test_a_sessions_turns_say_per_request_what_was_restored_and_parked(
     assert second["restored_tokens"] == 3 * BLOCK and second["restored_from"] == "shm"
     assert second["restore_ms"] >= 0 and second["restore_bytes"] == first["park_bytes"]
     kinds = [e["kind"] for e in second["events"]]
-    assert kinds[0] == "resume" and kinds[-1] == "pause"
+    # Back from its tool at the request's match (protocol 4), then restored, then parked.
+    assert kinds[:2] == ["tool_return", "resume"] and kinds[-1] == "pause"
     assert {e["request_id"] for e in second["events"]} == {SECOND}
     # The limit keeps the newest.
     only = a.http.get("/v1/sessions/agent/turns", params={"limit": 1}).json()["turns"]

@@ -30,8 +30,8 @@ def test_the_events_of_a_turn_name_the_vllm_request_that_caused_them(
         ("create", None),  # made by the first turn's end, before it held the session
         ("turn", "chatcmpl-1-0a0b0c0d"),
         ("pause", "chatcmpl-1-0a0b0c0d"),
+        ("tool_return", "chatcmpl-2-1a1b1c1d"),  # back from "search": this request's match
         ("resume", "chatcmpl-2-1a1b1c1d"),
-        ("tool_return", "chatcmpl-2-1a1b1c1d"),  # back from "search" with this request
     ]
     # The daemon's own work on the session afterwards names no request.
     daemon.service.driver.core.delete(TENANT, "agent")

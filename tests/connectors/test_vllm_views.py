@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from agentpark.config import Settings
@@ -68,6 +69,21 @@ def _kept_turn(control: ControlDaemon, session_id: str, blocks: list[int]) -> No
     assert answer["ok"] and answer["decision"] == "kept", answer
 
 
+def _pinned_turn(control: ControlDaemon, session_id: str, start: int) -> None:
+    """A turn that ends in a short tool pause, pinned in vLLM (one block)."""
+    answer = control.call(
+        "prepare_store",
+        list(range(start, start + BLOCK)),
+        session_id=session_id,
+        block_ids=[start % ENGINE_BLOCKS],
+        tool="grep",
+        expected_resume_s=0.5,
+        engine_total_blocks=ENGINE_BLOCKS,
+        engine_free_blocks=2,
+    )
+    assert answer["ok"] and answer["decision"] == "pinned", answer
+
+
 def test_the_views_show_vllms_pool_the_parked_share_and_the_avoided_prefill(
     make_settings: Callable[..., Settings],
     daemon_factory: Callable[[Settings], Daemon],
@@ -101,6 +117,7 @@ def test_the_views_show_vllms_pool_the_parked_share_and_the_avoided_prefill(
         assert "2 slow, 1 other" in out
         assert "1 sessions, 16 tokens in the engine" in out and host["active_tokens"] == BLOCK
         assert "tokens generated" not in out  # vLLM's output: this daemon does not count it
+        assert "0 sessions, 0 vLLM blocks" in out and "0 pinned, 2 parked, 0 dropped, 1 kept" in out
 
         turn2 = [*parked_tokens[0], 5]
         assert control.call("match", turn2, tenant=TENANT, session_id="p0", num_computed=0)[
@@ -117,7 +134,9 @@ def test_the_views_show_vllms_pool_the_parked_share_and_the_avoided_prefill(
             for line in metrics.splitlines()
             if line.startswith("agentpark_prefill_tokens_avoided_total{")
         ]
-        assert len(avoided) == 1 and avoided[0].endswith(f" {float(3 * BLOCK)}")
+        assert len(avoided) == 2  # by park and by pin
+        (by_park,) = [line for line in avoided if 'by="park"' in line]
+        assert by_park.endswith(f" {float(3 * BLOCK)}")
         host = daemon.client.get("/v1/host").json()
         assert host["counters"]["prefill_tokens_avoided"] == 3 * BLOCK
     finally:
@@ -193,6 +212,10 @@ def test_the_dashboard_in_chromium_shows_vllms_figures(
             "begin_load", turn2, tenant=TENANT, session_id="p0", start_block=0, block_ids=[1, 2, 3]
         )
         assert load["ok"] and control.call("load_done", load_id=load["load_id"], ok=True)["ok"]
+        _pinned_turn(control, "pin0", 2000)
+        _pinned_turn(control, "pin1", 3000)  # back: vLLM served its block from the pin
+        unpin = {"cause": "return", "blocks": 1, "reused_tokens": BLOCK}
+        assert control.call("unpin", session_id="pin1", **unpin)["pinned"] is True
     finally:
         control.client.close()
     host = daemon.client.get("/v1/host").json()
@@ -209,7 +232,7 @@ def test_the_dashboard_in_chromium_shows_vllms_figures(
     for path in ("pool.total_blocks", "pool.used_blocks", "sessions.active", "active_tokens"):
         assert same_number(shown[path], lookup(host, path)), path
     assert shown["pool.total_blocks"] == str(ENGINE_BLOCKS) and shown["pool.used_blocks"] == "4"
-    assert shown["counters.prefill_tokens_avoided"] == str(3 * BLOCK)
+    assert shown["counters.prefill_tokens_avoided"] == str(3 * BLOCK + BLOCK)  # parks + pins
 
     def text(node_id: str) -> str:
         return next(n for n in nodes if n.attrs.get("id") == node_id).all_text().strip()
@@ -218,5 +241,50 @@ def test_the_dashboard_in_chromium_shows_vllms_figures(
     assert text("reclaimed-share") == f"{100 * host['reclaimed_bytes'] / held:.1f}%" == "42.9%"
     assert text("degraded-slow") == "2" and text("degraded-other") == "1"
     assert text("oldest-parked").endswith(" s")
+    # The pins card: one pinned now, one ended by its session's return, and what each saved.
+    (card,) = [n for n in nodes if n.attrs.get("id") == "pins-card"]
+    assert "hidden" not in card.attrs
+    assert (shown["pins.sessions"], shown["pins.blocks"]) == ("1", "1")
+    assert shown["pins.tokens_saved"] == str(BLOCK)
+    assert same_number(shown["pins.bytes_saved"], BLOCK_BYTES)
+    assert text("pins-released") == "1 return"
+    assert text("pins-parks") == f"{3 * BLOCK} tokens"
+    assert text("pins-turn-ends") == "2 pinned, 2 parked, 0 dropped, 1 kept"
     chromium.screenshot(page, tmp_path / "dashboard-vllm.png", 1400, 1000)
     assert (tmp_path / "dashboard-vllm.png").stat().st_size > 10_000
+
+
+def test_the_metrics_show_pins_by_cause_and_what_pins_and_parks_saved(
+    make_settings: Callable[..., Settings],
+    daemon_factory: Callable[[Settings], Daemon],
+    shm_dir: Path,
+) -> None:
+    daemon, control = _vllm_daemon(make_settings, daemon_factory, shm_dir)
+    try:
+        _register(control, SMALL)
+        _pinned_turn(control, "a", 2000)
+        _pinned_turn(control, "b", 3000)
+        unpin = {"cause": "return", "blocks": 1, "reused_tokens": BLOCK}
+        assert control.call("unpin", session_id="b", **unpin)["pinned"] is True
+        metrics = daemon.client.get("/metrics").text
+    finally:
+        control.client.close()
+    samples = {
+        (sample.name, tuple(sorted((k, v) for k, v in sample.labels.items() if k != "host"))): (
+            sample.value
+        )
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("agentpark_pinned_sessions") == 1 and value("agentpark_pinned_blocks") == 1
+    assert value("agentpark_pins_released_total", cause="return") == 1
+    assert value("agentpark_pins_released_total", cause="pressure") == 0
+    assert value("agentpark_prefill_tokens_avoided_total", by="pin") == BLOCK
+    assert value("agentpark_prefill_tokens_avoided_total", by="park") == 0
+    assert value("agentpark_kv_bytes_kept_total", by="pin") == BLOCK_BYTES
+    host = daemon.client.get("/v1/host").json()
+    assert host["pins"]["released"] == {"return": 1} and host["pins"]["tokens_saved"] == BLOCK

@@ -66,4 +66,5 @@ def state(daemon: ControlDaemon) -> tuple[Any, ...]:
         None if tier is None else (tier.used_blocks, id(tier)),
         service.pool_id,
         service.degraded.total(),
+        service.driver.turn_ends.pins.figures(),
     )

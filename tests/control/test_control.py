@@ -159,7 +159,8 @@ def test_a_two_phase_park_then_a_load_restores_the_parked_bytes(daemon: Daemon) 
     # No session holds the blocks now; the pool keeps them by content until room is needed.
     assert daemon.service.tier is not None and daemon.service.tier.used_blocks == 0
     assert daemon.service.tier.cached_blocks == 3
-    assert daemon.kinds("agent-1") == ["create", "turn", "pause", "resume", "tool_return"]
+    # The pause ends at the next request's match (protocol 4), before the load.
+    assert daemon.kinds("agent-1") == ["create", "turn", "pause", "tool_return", "resume"]
 
 
 def test_a_short_pause_is_kept_and_nothing_is_reserved(daemon: Daemon) -> None:

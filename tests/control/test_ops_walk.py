@@ -28,6 +28,7 @@ MISSING = object()
 PARKED = list(range(1, 3 * BLOCK + 1))  # session "p": three whole blocks, parked
 
 INT = ["1", 1.5, NAN, INF, -INF, 1e300, 10**30, -1, True, None, [], {}]
+SOME_INT = [v for v in INT if v is not None]  # an optional int: None is valid
 PLAN_ID = [*INT, 0, 2**60, MISSING]
 FLOAT = ["60", NAN, INF, -INF, 1e300, -1.0, 86_401, True, [], {}]
 SESSION = ["", "x" * 129, "t\ud800", "bad id!", 5, [], True]  # absent or null: unnamed
@@ -117,6 +118,14 @@ def _start_store(ctx: Ctx) -> None:
     ctx.store = answer
 
 
+def _start_pin(ctx: Ctx) -> None:
+    frame = {"op": "prepare_store", "session_id": "w", "block_ids": [6], "tool": "grep"}
+    pool = {"engine_total_blocks": 64, "engine_free_blocks": 32, "expected_resume_s": 0.5}
+    answer = ctx.conn.send({**frame, **pool}, encode_tokens(range(BLOCK)))
+    assert answer["ok"] and answer["decision"] == "pinned", answer
+    assert answer["session_id"] == "w" and answer["pin_ttl_s"] == 1.0, answer
+
+
 def _complete(ctx: Ctx) -> tuple[dict[str, Any], bytes]:
     assert ctx.store is not None
     digests = ctx.worker.digests(ctx.store["slots"])
@@ -179,6 +188,11 @@ TABLE: dict[str, Row] = {
                 "block_ids": [5],
                 "tool": "search",
                 "expected_resume_s": 60.0,
+                "engine_free_blocks": 32,
+                "engine_total_blocks": 64,
+                "pinned_blocks": 0,
+                "pressure": False,
+                "prefill_ms_per_token": 0.5,
             },
             encode_tokens(range(BLOCK)),
         ),
@@ -188,6 +202,11 @@ TABLE: dict[str, Row] = {
             ("tool",): TOOL,
             ("expected_resume_s",): FLOAT,
             ("request_id",): REQUEST_ID,
+            ("engine_free_blocks",): [*SOME_INT, 65],  # more than engine_total_blocks
+            ("engine_total_blocks",): [*SOME_INT, 0],
+            ("pinned_blocks",): [*INT, 65],
+            ("pressure",): [v for v in BOOL if v is not MISSING],
+            ("prefill_ms_per_token",): [*FLOAT[:6], 1e6, True],
         },
     ),
     "complete_store": Row(
@@ -207,6 +226,19 @@ TABLE: dict[str, Row] = {
     "release": Row(
         lambda ctx: ({"op": "release", "session_id": "p"}, b""),
         {("session_id",): SESSION},
+    ),
+    "unpin": Row(
+        lambda ctx: (
+            {"op": "unpin", "session_id": "w", "cause": "return", "blocks": 1, "reused_tokens": 8},
+            b"",
+        ),
+        {
+            ("session_id",): [*SESSION, None, MISSING],
+            ("cause",): ["", "Return", "expired", "r\ud800", 5, None, [], MISSING],
+            ("blocks",): SOME_INT,
+            ("reused_tokens",): SOME_INT,
+        },
+        _start_pin,
     ),
 }
 

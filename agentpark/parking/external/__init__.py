@@ -7,6 +7,8 @@ plans       the plans, results and stored/removed events handed to the engine: v
 host        the core's KV host for such an engine: only what it supports
 lookup      what of a request's prefix a parked copy gives (and a promotion into a tier)
 manager     prepare/complete store and load, expiry, stored/removed events, a new layout
+pins        the record of vLLM's pins and of the pauses open since a turn end
+turnends    a turn end's pin or drop, a pin's end, the pause closed at the next match
 inhost      the engine's half of a plan done here, for a pool this process can reach
 ==========  ===========================================================================
 """
@@ -26,8 +28,13 @@ from agentpark.parking.external.plans import (
     BlocksStored,
     KVEvent,
     LoadPlan,
+    Pinned,
     Restored,
     StorePlan,
+    TurnEndAsk,
+    TurnEndChoice,
+    TurnEndFacts,
+    TurnEndRule,
 )
 from agentpark.parking.mover import ArrayPool, Mover
 from agentpark.parking.recovery import recover
@@ -41,8 +48,13 @@ __all__ = [
     "ExternalManager",
     "KVEvent",
     "LoadPlan",
+    "Pinned",
     "Restored",
     "StorePlan",
+    "TurnEndAsk",
+    "TurnEndChoice",
+    "TurnEndFacts",
+    "TurnEndRule",
     "external_core",
     "park_turn",
     "restore_prefix",

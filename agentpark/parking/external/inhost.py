@@ -14,7 +14,7 @@ from agentpark.enums import TierChoice
 from agentpark.errors import AgentparkError
 from agentpark.parking.external.lookup import NO_EXTRA, RequestKeys
 from agentpark.parking.external.manager import ExternalManager
-from agentpark.parking.external.plans import Restored
+from agentpark.parking.external.plans import Restored, StorePlan
 from agentpark.parking.types import PauseResult
 
 __all__ = ["park_turn", "restore_prefix"]
@@ -50,6 +50,7 @@ def park_turn(
     )
     if isinstance(plan, PauseResult):
         return plan
+    assert isinstance(plan, StorePlan)  # no ask: never pinned
     dst = core.tiers[plan.tier]
     pos = [i for i, new in enumerate(plan.fresh) if new]
     slots = [plan.slots[i] for i in pos]

@@ -26,13 +26,16 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from dataclasses import replace
+
+import numpy as np
 
 from agentpark.blocks import PoolGeometry
 from agentpark.enums import Decision, EventKind, Reason, State, TierChoice
-from agentpark.errors import TransferError
+from agentpark.errors import TierFullError, TransferError
 from agentpark.parking.core import PauseOrder, PauseResult, SessionCore
-from agentpark.parking.external.anonymous import Anonymous, AnonymousPolicy
+from agentpark.parking.external.anonymous import Anonymous, AnonymousPolicy, is_anonymous
 from agentpark.parking.external.host import ExternalHost
 from agentpark.parking.external.loads import Loads, check_owner
 from agentpark.parking.external.lookup import NO_EXTRA, RequestKeys
@@ -40,9 +43,12 @@ from agentpark.parking.external.plans import (
     BlocksRemoved,
     BlocksStored,
     KVEvent,
+    Pinned,
     StoreInFlight,
     StorePlan,
+    TurnEndAsk,
 )
+from agentpark.parking.external.turnends import TurnEnds
 from agentpark.parking.registry import LiveSession
 from agentpark.store.models import EventRow
 from agentpark.tiers.base import HostTier
@@ -72,6 +78,7 @@ class ExternalManager(Loads):
         self._stores: dict[int, StoreInFlight] = {}
         self._events: collections.deque[KVEvent] = collections.deque(maxlen=EVENTS_KEPT)
         self.anonymous = Anonymous(core, anonymous or AnonymousPolicy())
+        self.turn_ends = TurnEnds(core)
         core.add_listener(self._on_event)
 
     # ---- store --------------------------------------------------------------------------
@@ -89,15 +96,19 @@ class ExternalManager(Loads):
         owner: str | None = None,
         extra: RequestKeys = NO_EXTRA,
         request_id: str | None = None,
-    ) -> PauseResult | StorePlan:
+        ask: TurnEndAsk | None = None,
+    ) -> PauseResult | StorePlan | Pinned:
         """A turn ended: record it (creating the session if new; ``session_id`` None: an
-        anonymous one), then keep (a PauseResult) or plan a park (a StorePlan).
+        anonymous one), then keep (a PauseResult) or plan a park (a StorePlan); with
+        ``ask`` (the connector's view of vLLM's pool) in adaptive or pin mode, pin (a
+        Pinned), park or drop (a PauseResult), as ``ask.choose`` says.
 
         ``block_ids[i]`` holds tokens ``i*block_size ..`` of ``tokens``. For a park the
         session is PAUSING and held until :meth:`complete_store`; the engine must keep its
         blocks until it has copied those the plan says. Raises SessionBusyError when
         another operation holds the session, TierFullError when no tier has room (the
-        turn is recorded).
+        turn is recorded). ``ask.pressure``: the session's pinned turn let go (not a new
+        turn: it is not recorded again).
         ``request_id``: the engine's request whose turn ended; its events name it.
         """
         core = self.core
@@ -105,33 +116,74 @@ class ExternalManager(Loads):
         if len(block_ids) != needed:
             raise ValueError(f"{len(tokens)} tokens need {needed} blocks, got {len(block_ids)}")
         candidates = core.mover.candidates(tier)
-        anonymous = session_id is None
         if session_id is None:
             session_id = self.anonymous.new_id()
             core.create(tenant, session_id, {"engine": "external", "anonymous": True})
         elif core.registry.find((tenant, session_id)) is None:
             core.create(tenant, session_id, {"engine": "external"})
         live = core.live(tenant, session_id)
+        anonymous = is_anonymous(live)
         core.registry.acquire(live, "pause")
         live.request_id = request_id
+        pressure = ask is not None and ask.pressure
+        again = pressure and self.turn_ends.pins.get(live.key) is not None
+        again = again and live.tokens == list(tokens) and live.row.state == State.ACTIVE
+        reason = Reason.PRESSURE if again else Reason.TURN_END
         pending: list[EventRow] = []
         try:
-            pending = core.transitions.turn(live, tokens, block_ids)
-            live.cache_salt, live.lora = extra.cache_salt, extra.lora
+            if not again:  # a new turn: an open wait or a stale pin record are over
+                self.turn_ends.pins.close_wait(live.key)
+                self.turn_ends.pins.forget(live.key)
+                pending = core.transitions.turn(live, tokens, block_ids)
+                live.cache_salt, live.lora = extra.cache_salt, extra.lora
             order = PauseOrder(
                 tier=tier, tool=tool, expected_resume_s=expected_resume_s, reason=Reason.TURN_END
             )
             advice = core.advise(live.row, order)
             why = advice.why if live.block_table else "no whole block to park"
-            if advice.park and live.block_table and anonymous:
+            park = advice.park and bool(live.block_table)
+            # A connector that says nothing of vLLM's pool cannot pin: park or keep, as before.
+            adaptive = ask is not None and (ask.active or pressure)
+            if ask is not None and adaptive:
+                choice = self.turn_ends.choose(live, advice.expected_s, ask, bool(candidates))
+                why, park = choice.why, choice.answer == "parked"
+                if park and anonymous:
+                    candidates = self._anonymous_room(candidates, len(live.block_table), session_id)
+                    if not candidates:
+                        why = f"{why}; but the anonymous share of the host pool is full: dropped"
+                        choice = replace(choice, answer="dropped", why=why)
+                if not again:
+                    self.turn_ends.opened(live, tool)
+                if choice.answer == "pinned":
+                    assert choice.pin_ttl_s is not None
+                    self.turn_ends.pin(
+                        live, why, choice.pin_ttl_s, tool, choice.expected_s, pending
+                    )
+                    core.registry.release(live)
+                    return Pinned(live.row, why, choice.expected_s, choice.pin_ttl_s)
+                if choice.answer == "dropped":
+                    self.turn_ends.drop(live, why, tool, choice.expected_s, pending, pressure=again)
+                    core.registry.release(live)
+                    return PauseResult(live.row, Decision.DROPPED, why, choice.expected_s, 0.0)
+            elif park and anonymous:
                 candidates = self._anonymous_room(candidates, len(live.block_table), session_id)
                 if not candidates:
                     why = "the anonymous share of the host pool is full"
-            if not advice.park or not live.block_table or not candidates:
+            if not again and not adaptive:
+                self.turn_ends.opened(live, tool)
+            if not park or not candidates:
                 core.transitions.keep(live, tool, advice.expected_s, why, pending)
                 core.registry.release(live)
                 return PauseResult(live.row, Decision.KEPT, why, advice.expected_s, 0.0)
-            dst, slots = core.transitions.begin_park(live, candidates)
+            try:
+                dst, slots = core.transitions.begin_park(live, candidates)
+            except TierFullError as exc:
+                if not adaptive:
+                    raise
+                why = f"{why}; but {exc.message}: dropped"
+                self.turn_ends.drop(live, why, tool, advice.expected_s, pending, pressure=again)
+                core.registry.release(live)
+                return PauseResult(live.row, Decision.DROPPED, why, advice.expected_s, 0.0)
         except BaseException:
             if pending:
                 core.transitions.commit(live, *pending)
@@ -144,11 +196,13 @@ class ExternalManager(Loads):
             tuple(slots),
             tuple(live.pending.fresh),
             core.mover.checksummed(dst),
-            advice.why,
+            why,
             advice.expected_s,
         )
         with self._plans_lock:
-            self._stores[plan.store_id] = StoreInFlight(plan, live.key, dst, tool, pending, owner)
+            self._stores[plan.store_id] = StoreInFlight(
+                plan, live.key, dst, tool, pending, owner, reason
+            )
         return plan
 
     def _anonymous_room(self, candidates: list[HostTier], blocks: int, keep: str) -> list[HostTier]:
@@ -209,7 +263,7 @@ class ExternalManager(Loads):
                 store.started,
                 store.tool,
                 plan.expected_s,
-                Reason.TURN_END,
+                store.reason,
                 prior=store.pending,
             )
             self._supersede(live)
@@ -226,6 +280,28 @@ class ExternalManager(Loads):
         for old in self.anonymous.superseded(tenant, live.keys, session_id):
             self.anonymous.drop(tenant, old, "superseded")
 
+    # ---- a request's match: the pause it ends -----------------------------------------------
+
+    def match(
+        self,
+        tenant: str,
+        session_id: str | None,
+        tokens: Sequence[int] | np.ndarray,
+        num_computed: int,
+        tier: str,
+        extra: RequestKeys = NO_EXTRA,
+        request_id: str | None = None,
+    ) -> int:
+        """:meth:`promote_and_lookup`, and the session's pause closed (its next request
+        is here: agentpark.parking.external.turnends); an unnamed request's anonymous
+        session is found by its blocks' keys."""
+        found = self.promote_and_lookup(tenant, session_id, tokens, num_computed, tier, extra)
+        chain: list[Hashable] = []
+        if session_id is None and self.turn_ends.pins.waits_of(tenant):
+            chain = list(self._keys(tenant, tokens, extra))
+        self.turn_ends.returned(tenant, session_id, chain, request_id)
+        return found
+
     # ---- plans that never finish ---------------------------------------------------------
 
     def expire(self, max_age_s: float) -> int:
@@ -238,6 +314,7 @@ class ExternalManager(Loads):
             self.complete_store(store_id, False, None, "the engine never reported the copy")
         expired = len(stores) + self.expire_loads(cutoff)
         self.anonymous.expire()
+        self.turn_ends.expire()
         return expired
 
     def fail_all(self, why: str, owner: str | None = None) -> int:
@@ -294,6 +371,7 @@ class ExternalManager(Loads):
         says why; default: the layout changed) and the core uses the new ones.
         """
         core = self.core
+        self.turn_ends.forget_all("shutdown")  # the engine's blocks are gone, pinned or not
         for live in core.registry.all():
             row = live.row
             if row.state == State.ACTIVE and live.tokens:

@@ -8,11 +8,12 @@ manager's own (the session, the tier object, the turn's events to commit with th
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from agentpark.enums import RestoredFrom
-from agentpark.store.models import EventRow
+from agentpark.enums import Reason, RestoredFrom
+from agentpark.store.models import EventRow, SessionRow
 from agentpark.tiers.base import HostTier
 
 __all__ = [
@@ -21,9 +22,14 @@ __all__ = [
     "KVEvent",
     "LoadInFlight",
     "LoadPlan",
+    "Pinned",
     "Restored",
     "StoreInFlight",
     "StorePlan",
+    "TurnEndAsk",
+    "TurnEndChoice",
+    "TurnEndFacts",
+    "TurnEndRule",
 ]
 
 
@@ -118,6 +124,7 @@ class StoreInFlight:
     tool: str | None
     pending: list[EventRow]  # the turn's, committed with the park's outcome
     owner: str | None = None  # who may complete it (a control connection); None: anyone
+    reason: str = Reason.TURN_END  # PRESSURE: a pin let go (the wait keeps its start)
     started: float = field(default_factory=time.perf_counter)
     created: float = field(default_factory=time.monotonic)
 
@@ -136,3 +143,79 @@ class LoadInFlight:
     request_id: str | None = None  # the engine's request it serves (its events name it)
     started: float = field(default_factory=time.perf_counter)
     created: float = field(default_factory=time.monotonic)
+
+
+Mode = Literal["adaptive", "park", "pin"]
+Answer = Literal["pinned", "parked", "dropped"]
+
+
+@dataclass(frozen=True)
+class TurnEndRule:
+    """The settings the rule reads ([vllm] turn_end, pin_ttl_s, pin_margin, pin_share)."""
+
+    mode: Mode = "adaptive"
+    pin_ttl_s: float = 30.0
+    pin_margin: float = 2.0
+    pin_share: float = 0.5
+
+
+@dataclass(frozen=True)
+class TurnEndFacts:
+    """What is known at the turn end, under the session's lock."""
+
+    expected_s: float | None  # the expected pause (given, learned per tool, or global)
+    expected_source: str  # where that figure comes from, for the reason
+    tokens: int  # the session's tokens (what a drop recomputes)
+    blocks: int  # its whole blocks in vLLM's pool (what a pin holds, a park copies)
+    block_bytes: int
+    bandwidth_bps: float  # the measured copy bandwidth (host pool <-> vLLM)
+    overhead_s: float  # a copy's fixed cost (policy.overhead_s)
+    prefill_ms_per_token: float | None  # measured by the connector; None: not yet
+    engine_free_blocks: int | None  # vLLM's free blocks at the turn end; None: unknown
+    engine_total_blocks: int | None  # vLLM's KV cache in blocks; None: unknown (no pin)
+    pinned_blocks: int  # blocks pinned now (before this turn)
+    host_room: bool  # the host pool can take the copy
+    pressure: bool = False  # a pin being let go: park or drop, never pin
+
+
+@dataclass(frozen=True)
+class TurnEndChoice:
+    answer: Answer
+    why: str
+    pin_ttl_s: float | None = None  # pinned only
+    expected_s: float | None = None  # the expected pause it assumed
+
+
+Chooser = Callable[[TurnEndFacts, TurnEndRule], TurnEndChoice]
+
+
+@dataclass(frozen=True)
+class TurnEndAsk:
+    """What the connector says of vLLM's pool at a turn end (protocol 4), with the rule
+    that answers it (agentpark.policy.turn_end.choose, handed in: policy sits above)."""
+
+    rule: TurnEndRule
+    choose: Chooser
+    engine_free_blocks: int | None = None
+    engine_total_blocks: int | None = None
+    pinned_blocks: int = 0
+    pressure: bool = False
+    prefill_ms_per_token: float | None = None
+    overhead_s: float = 0.001  # policy.overhead_s
+    quantile: float = 0.5  # policy.tool_quantile, for the global pause
+
+    @property
+    def active(self) -> bool:
+        """Whether the rule answers (else park or keep as before): not ``park`` mode, and
+        the connector said how large vLLM's pool is (a protocol-4 connector)."""
+        return self.rule.mode != "park" and self.engine_total_blocks is not None
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A turn pinned: vLLM keeps its blocks allocated for ``ttl_s`` at the latest."""
+
+    row: SessionRow
+    why: str
+    expected_s: float | None
+    ttl_s: float
