@@ -51,9 +51,9 @@ def _run_one(
             state = work / f"daemon-state-{name}-{client}"
             state.mkdir()
             kv_bytes = kv_bytes_per_token(spec) * (spec.max_model_len + BLOCK_SIZE)
-            env = daemon_env(name, spec)
-            daemon = BenchDaemon(state, 2 * kv_bytes * spec.agents, spec.time_scale, env)
-            told = " ".join(f"{k}={v}" for k, v in env.items()) or "its default turn end"
+            settings = daemon_env(name, spec)  # the daemon's; ``env`` is vLLM's
+            daemon = BenchDaemon(state, 2 * kv_bytes * spec.agents, spec.time_scale, settings)
+            told = " ".join(f"{k}={v}" for k, v in settings.items()) or "its default turn end"
             clock.say(f"{name}: starting the daemon ({daemon.url}, {told})")
             daemon.wait_ready()
         server = VllmServer(
