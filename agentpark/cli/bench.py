@@ -186,7 +186,19 @@ def _add_vllm(commands: Commands, bench_sub: Subparsers[argparse.ArgumentParser]
     )
     add("--max-model-len", type=int, default=4096, help="vLLM's, and the model's (default 4096)")
     add("--model", type=Path, help="a model dir (default: make-model, 8 layers, hidden 512)")
-    add("--runs", default="reference,plain,agentpark", help="comma-separated runs, in order")
+    add(
+        "--runs",
+        default="reference,plain,park,pin,adaptive",
+        help="comma-separated runs, in order: reference, plain, and agentpark's turn-end "
+        "rules park (always park), pin (fixed --pin-ttl-s), adaptive, or agentpark (the "
+        "daemon's default) (default reference,plain,park,pin,adaptive)",
+    )
+    add(
+        "--pin-ttl-s",
+        type=float,
+        default=5.0,
+        help="the pin run's fixed pin time-out, seconds as the workload runs (default 5)",
+    )
     add(
         "--client",
         default="agentpark",
@@ -327,6 +339,7 @@ def vllm_spec(args: argparse.Namespace) -> VllmBenchSpec:
         user_tokens=_span("--user-tokens", args.user_tokens),
         answer_tokens=_span("--answer-tokens", args.answer_tokens),
         concurrency=args.concurrency,
+        pin_ttl_s=args.pin_ttl_s,
     )
 
 

@@ -33,6 +33,7 @@ from agentpark.connectors.hints import Resolved, resolve
 from agentpark.connectors.pins import EngineView, Pins
 from agentpark.connectors.protocol import SessionParams, encode_tokens
 from agentpark.connectors.steps import LoadMeta, StepPlan, store_meta
+from agentpark.connectors.toolcalls import ToolCallReader
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -81,8 +82,16 @@ def _answer(
 class SchedulerSide:
     """The scheduler side over the daemon's control socket; its plan goes to the worker."""
 
-    def __init__(self, client: ControlClient, *, tenant: str, block_size: int) -> None:
+    def __init__(
+        self,
+        client: ControlClient,
+        *,
+        tenant: str,
+        block_size: int,
+        tools: ToolCallReader | None = None,
+    ) -> None:
         self.client = client
+        self.tools = tools  # the turn's tool from its output, when the client names none
         self.tenant = tenant
         self.block_size = block_size
         self._requests: dict[str, _Request] = {}
@@ -294,9 +303,12 @@ class SchedulerSide:
             return False, _answer("kept", "no whole block of KV to park", record)
         tokens = list(request.all_token_ids)[: full * self.block_size]
         ids = [int(b) for b in block_ids[:full]]
+        tool = params.tool
+        if tool is None and self.tools is not None:
+            tool = self.tools.tool_for(request, self.client.degraded)
         fields: dict[str, Any] = {
             "session_id": params.session_id,
-            "tool": params.tool,
+            "tool": tool,
             "expected_resume_s": params.expected_resume_s,
             **block_keys(request),
             "request_id": _request_id(request),

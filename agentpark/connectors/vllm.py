@@ -9,8 +9,10 @@ Configure vLLM with::
 (optional extra keys: ``token``, ``timeout_ms`` (the scheduler's budget per control call,
 default 50, or ``$AGENTPARK_CONNECTOR_TIMEOUT_MS``; a miss is counted ``slow`` and the turn
 is not parked; the worker's calls wait 20 times that), ``tenant``
-(default "default"); on TPU ``tpu_sync_host_bytes`` (default 1 GiB) and
-``tpu_sync_shm_dir``, see ``register_runner``). A request takes part when its body has
+(default "default"), ``tool_call_format`` (the chat template's tool-call markers read from
+a turn's output for its tool: agentpark.connectors.toolcalls, default "auto"); on TPU
+``tpu_sync_host_bytes`` (default 1 GiB) and ``tpu_sync_shm_dir``, see ``register_runner``).
+A request takes part when its body has
 ``kv_transfer_params: {"agentpark": {"session_id": ..., "tool": ...,
 "expected_resume_s": ...}}``; the response's ``kv_transfer_params.agentpark`` says
 ``decision`` (``parked``: copied to the host pool, then freed; ``pinned``: the blocks stay
@@ -60,6 +62,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from agentpark.connectors.client import ControlClient
 from agentpark.connectors.scheduler import OffScheduler, SchedulerSide
 from agentpark.connectors.steps import StepPlan
+from agentpark.connectors.toolcalls import reader_from_config
 from agentpark.connectors.worker import OffWorker, WorkerSide
 
 if TYPE_CHECKING:
@@ -143,7 +146,10 @@ class AgentparkConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM unty
                 log.info("agentpark connector: kv_load_failure_policy set to 'recompute'")
             if why is None:
                 self.scheduler = SchedulerSide(
-                    self.client, tenant=self.tenant, block_size=block_size
+                    self.client,
+                    tenant=self.tenant,
+                    block_size=block_size,
+                    tools=reader_from_config(vllm_config, extra),
                 )
             else:
                 self.scheduler = OffScheduler(

@@ -48,6 +48,7 @@ class DegradedCause(StrEnum):
     SESSION_ID_INVALID = "session_id_invalid"  # vLLM's request.session_id fails our rules
     HINT_IGNORED = "hint_ignored"  # a kv_hints action not agentpark's, or with no session
     HINT_INVALID = "hint_invalid"  # an agentpark kv_hints action refused: nothing parked
+    TOOL_CALL_INVALID = "tool_call_invalid"  # a turn's tool-call marker that did not parse
     OTHER = "other"
 
     @classmethod

@@ -32,13 +32,23 @@ agent: its cache hits are the exact keep-all. ``plain``: the same under pressure
 (``--num-gpu-blocks-override``, default: room for about 1.5 agents at their longest): idle
 agents' blocks are evicted and recomputed. ``agentpark``: the same pressure with agentpark's
 connector and a daemon in vLLM mode (a child process, temporary state dir and pool):
-parked sessions are restored instead. Each run gets a fresh server (and daemon).
+parked sessions are restored instead, with the daemon's default turn-end rule. The
+turn-end rules of issue 20 are runs of their own, the same pressure, each with its daemon
+told its rule (``AGENTPARK_VLLM__TURN_END``; spec.TURN_ENDS): ``park`` (always park, as
+agentpark did before pins), ``pin`` (pin every turn for the fixed ``--pin-ttl-s``,
+Continuum's rule) and ``adaptive`` (keep = pin / park / drop chosen per turn); the default
+``--runs`` is reference, plain, park, pin, adaptive. Each run gets a fresh server (and
+daemon).
 
 **Figures** per run: prefill tokens computed (sum of ``usage.prompt_tokens -
 prompt_tokens_details.cached_tokens``), p50/p99 time to first token of the turns after a
 tool returned (from the end of the pause to the first streamed token), makespan (first
 request to last answer), bytes parked and restored (the daemon's ``/v1/host`` counters), and
-turns whose tokens differ from the reference's (tokens, then logprobs to the bit). Plain's
+turns whose tokens differ from the reference's (tokens, then logprobs to the bit). With
+more than one agentpark run, a table sets the rules side by side: prefill against plain and
+against the reference, p50/p99 TTFT after a tool, and the turn ends by kind (pinned,
+parked, dropped, kept; pins released under pressure; pins ended by cause) from the
+daemon's events, then the adaptive rule's targets, each said met or not. Plain's
 recomputed turns may differ by rounding (batched prefill and decode round differently):
 they are counted, not hidden; so are agentpark's later turns that vLLM computed (a kept
 session whose blocks it evicted). Which turns agentpark restored comes from the daemon's
@@ -55,7 +65,7 @@ bench exits 1 when a request failed or, in that mode, a restored turn differs.
 # The package, one job a module, arrows down: run (the bench, one run) -> drive (the agents
 # over the OpenAI API), daemon (the agentpark daemon child), report -> compare (turns against
 # the reference), parked (the pool's figures) -> workload -> conversations (multi-turn) ->
-# plan, results -> spec.
+# plan, results -> spec; report -> variants (the turn-end rules side by side) -> compare.
 from agentpark.bench.vllm.compare import breakdown, decisions, failed, mark_restored
 from agentpark.bench.vllm.results import RunResult, TurnResult
 from agentpark.bench.vllm.run import run_vllm_bench

@@ -14,6 +14,7 @@ __all__ = [
     "RESTORED",
     "RESTORED_AFTER_RECOMPUTE",
     "breakdown",
+    "by_kind",
     "decisions",
     "differs",
     "failed",
@@ -57,21 +58,51 @@ def mark_restored(
         turn.restored_bytes = restored.get((turn.agent, turn.turn), 0)
 
 
+_PRESSURE = "pressure"
+
+
 def decisions(events: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """What the daemon did at the turn ends, counted: parked, and kept by reason."""
+    """What the daemon did at the turn ends, counted: pinned, parked, dropped, and kept by
+    reason (a pin let go under pressure, then parked or dropped, says so); and how pins
+    ended, by cause (``unpin: return``, ``unpin: timeout``, ``unpin: pressure``, ...)."""
     counts: dict[str, int] = {}
     for event in events:
-        if event.get("kind") == "pause":
-            label = "parked"
-        elif event.get("kind") == "keep":
-            why = str(event.get("detail") or "")
+        kind = event.get("kind")
+        why = str(event.get("detail") or "")
+        pressure = event.get("reason") == _PRESSURE
+        if kind == "pause":
+            label = "parked (pressure)" if pressure else "parked"
+        elif kind == "pin":
+            label = "pinned"
+        elif kind == "drop":
+            label = "dropped (pressure)" if pressure else "dropped"
+        elif kind == "unpin":
+            label = "unpin: " + str(event.get("reason") or why.split(" ")[0] or "?")
+        elif kind == "keep":
             label = "kept: " + (why.split(" (")[0] if "break-even" not in why else "short pause")
-        elif event.get("kind") == "pause_failed":
+        elif kind == "pause_failed":
             label = "park failed"
         else:
             continue
         counts[label] = counts.get(label, 0) + 1
     return counts
+
+
+def by_kind(counts: dict[str, int]) -> dict[str, int]:
+    """:func:`decisions`' counts folded to the four turn-end answers (pinned, parked,
+    dropped, kept; pressure releases apart as ``released``) and pins ended by cause."""
+    folded = {"pinned": 0, "parked": 0, "dropped": 0, "kept": 0}
+    for label, n in counts.items():
+        if label.startswith("unpin: "):
+            folded[label] = folded.get(label, 0) + n
+        elif label.endswith("(pressure)"):
+            key = "released: " + label.split(" ")[0]
+            folded[key] = folded.get(key, 0) + n
+        elif label.startswith("kept"):
+            folded["kept"] += n
+        elif label in folded:
+            folded[label] += n
+    return folded
 
 
 RESTORED = "restored turns"
@@ -137,7 +168,7 @@ def failed(results: Sequence[RunResult], spec: VllmBenchSpec) -> bool:
     reference = next((r for r in results if r.name == "reference"), None)
     if reference is None or not spec.exact:
         return False
-    for parked in (r for r in results if r.name == "agentpark"):
+    for parked in (r for r in results if r.with_agentpark):
         tokens, logprobs, _n = breakdown(parked, reference)[RESTORED]
         if tokens or logprobs:
             return True

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,14 @@ __all__ = ["BenchDaemon"]
 class BenchDaemon:
     """``agentpark serve`` in vLLM mode: a child process, a free port, a temporary state dir."""
 
-    def __init__(self, state_dir: Path, pool_bytes: int, time_scale: float) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        pool_bytes: int,
+        time_scale: float,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``env``: AGENTPARK_* settings of this run (the machine's own are never passed)."""
         self.shm_dir = Path(tempfile.mkdtemp(prefix="agentpark-bench-vllm-", dir="/dev/shm"))
         self.pool_path = self.shm_dir / "pool"
         self.port = free_port()
@@ -36,12 +44,13 @@ class BenchDaemon:
             # The policy's own times scale with the workload's, as the pauses do.
             f"[policy]\nidle_pause_after_s = 0\nmin_pause_s = {2.0 * time_scale}\n"
         )
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPARK_")}
+        child = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPARK_")}
+        child.update(env or {})
         self.log_path = state_dir / "daemon.log"
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agentpark", "serve", "--config", str(config)],
-            env=env,
+            env=child,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -1,6 +1,7 @@
 """The tables and lines ``agentpark bench vllm`` prints: per run, prefill computed and its
 ratio to plain, TTFT of the later turns, makespan, bytes moved, turns differing; each
-agentpark run (one per client) against plain; then what the pool held at the end."""
+agentpark run (one per turn-end rule and client) against plain; then what the pool held at
+the end, and the turn-end rules side by side (agentpark.bench.vllm.variants)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from agentpark.bench.vllm.compare import breakdown, differs
 from agentpark.bench.vllm.parked import pool_figures
 from agentpark.bench.vllm.results import RunResult
 from agentpark.bench.vllm.spec import BLOCK_SIZE, VllmBenchSpec
+from agentpark.bench.vllm.variants import variants_table, verdicts
 
 __all__ = ["TARGETS", "print_report", "quantile", "ratios"]
 
@@ -151,7 +153,7 @@ def print_report(results: list[RunResult], spec: VllmBenchSpec, blocks: int) -> 
     reference, plain = by_name.get("reference"), by_name.get("plain")
     after = "after a tool" if spec.workload != "multi-turn" else "of the later turns"
     for run in results:
-        if plain is None or run.name != "agentpark" or not run.prefill_computed:
+        if plain is None or not run.with_agentpark or not run.prefill_computed:
             continue
         prefill, ttft = ratios(run, plain)
         out.print(
@@ -169,6 +171,10 @@ def print_report(results: list[RunResult], spec: VllmBenchSpec, blocks: int) -> 
                 if n
             )
             out.print(f"{run.label}, turns differing from the reference: {parts}")
+    if sum(r.with_agentpark for r in results) > 1 or any(r.name == "adaptive" for r in results):
+        out.print(variants_table(results, blocks))
+        for line in verdicts(results):
+            out.print(line)
     for run in results:
         if run.decisions:
             told = ", ".join(f"{label} {n}" for label, n in sorted(run.decisions.items()))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentpark.bench.vllm.spec import TURN_ENDS
+
 __all__ = ["RunResult", "TurnResult"]
 
 
@@ -28,7 +30,7 @@ class TurnResult:
 
 @dataclass
 class RunResult:
-    name: str  # reference, plain or agentpark
+    name: str  # reference, plain, or an agentpark run (spec.TURN_ENDS: park, pin, ...)
     makespan_s: float
     turns: list[TurnResult]
     host: dict[str, Any] = field(default_factory=dict)  # the daemon's /v1/host at the end
@@ -39,8 +41,13 @@ class RunResult:
     @property
     def label(self) -> str:
         """The run as the report names it: an agentpark run by its client too
-        (``agentpark/session-id``); plain and reference send the messages only."""
-        return f"{self.name}/{self.client}" if self.name == "agentpark" else self.name
+        (``adaptive/session-id``); plain and reference send the messages only."""
+        return f"{self.name}/{self.client}" if self.with_agentpark else self.name
+
+    @property
+    def with_agentpark(self) -> bool:
+        """Whether a daemon stood behind the connector (a turn-end rule's run)."""
+        return self.name in TURN_ENDS
 
     @property
     def prefill_computed(self) -> int:

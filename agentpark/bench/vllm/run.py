@@ -15,7 +15,15 @@ from agentpark.bench.vllm.daemon import BenchDaemon
 from agentpark.bench.vllm.drive import Clock, drive
 from agentpark.bench.vllm.report import print_report
 from agentpark.bench.vllm.results import RunResult, TurnResult
-from agentpark.bench.vllm.spec import BLOCK_SIZE, RUNS, VllmBenchSpec, kv_bytes_per_token
+from agentpark.bench.vllm.spec import (
+    BLOCK_SIZE,
+    DEFAULT_RUNS,
+    RUNS,
+    TURN_ENDS,
+    VllmBenchSpec,
+    daemon_env,
+    kv_bytes_per_token,
+)
 from agentpark.bench.vllm.workload import AgentPlan, make_plans, prompt_tokens
 from agentpark.vllm_tools.process import VllmServer, free_port
 
@@ -45,12 +53,14 @@ def run_one(
     if spec.max_num_seqs is not None:
         extra += ("--max-num-seqs", str(spec.max_num_seqs))
     try:
-        if name == "agentpark":
-            state = work / f"daemon-state-{client}"
+        if name in TURN_ENDS:
+            state = work / f"daemon-state-{name}-{client}"
             state.mkdir()
             kv_bytes = kv_bytes_per_token(spec) * (spec.max_model_len + BLOCK_SIZE)
-            daemon = BenchDaemon(state, 2 * kv_bytes * spec.agents, spec.time_scale)
-            clock.say(f"{name}: starting the daemon ({daemon.url})")
+            settings = daemon_env(name, spec)  # the daemon's; ``env`` is vLLM's
+            daemon = BenchDaemon(state, 2 * kv_bytes * spec.agents, spec.time_scale, settings)
+            told = " ".join(f"{k}={v}" for k, v in settings.items()) or "its default turn end"
+            clock.say(f"{name}: starting the daemon ({daemon.url}, {told})")
             daemon.wait_ready()
         server = VllmServer(
             python=Path(sys.executable),
@@ -84,15 +94,16 @@ def run_one(
 
 def run_order(runs: Sequence[str], clients: Sequence[str]) -> list[tuple[str, str]]:
     """(run, client) in the bench's order: plain vLLM (reference, plain) is sent the
-    messages only, as an unchanged client sends them; agentpark once per client."""
+    messages only, as an unchanged client sends them; each agentpark run (a turn-end rule)
+    once per client."""
     order: list[tuple[str, str]] = []
     for name in [r for r in RUNS if r in runs]:
-        order += [(name, c) for c in clients] if name == "agentpark" else [(name, "none")]
+        order += [(name, c) for c in clients] if name in TURN_ENDS else [(name, "none")]
     return order
 
 
 def run_vllm_bench(
-    spec: VllmBenchSpec, runs: Sequence[str] = RUNS, model: Path | None = None
+    spec: VllmBenchSpec, runs: Sequence[str] = DEFAULT_RUNS, model: Path | None = None
 ) -> int:
     """Run the bench and print its tables; 1 if a request failed or agentpark's tokens
     differ, 2 for flags it cannot run (nothing started)."""

@@ -9,14 +9,28 @@ from dataclasses import dataclass
 __all__ = [
     "BLOCK_SIZE",
     "CLIENTS",
+    "DEFAULT_RUNS",
     "RUNS",
     "TOOLS",
+    "TURN_ENDS",
     "WORKLOADS",
     "VllmBenchSpec",
+    "daemon_env",
     "kv_bytes_per_token",
 ]
 
-RUNS = ("reference", "plain", "agentpark")
+# Runs with agentpark (a daemon behind the connector) -> the daemon's [vllm] turn_end
+# (AGENTPARK_VLLM__TURN_END): park = always park (agentpark before pins), pin = pin every
+# turn for a fixed TTL (Continuum's rule, spec.pin_ttl_s), adaptive = keep (pin) / park /
+# drop chosen per turn; agentpark = whatever the daemon's default is.
+TURN_ENDS: dict[str, str | None] = {
+    "park": "park",
+    "pin": "pin",
+    "adaptive": "adaptive",
+    "agentpark": None,
+}
+RUNS = ("reference", "plain", *TURN_ENDS)
+DEFAULT_RUNS = ("reference", "plain", "park", "pin", "adaptive")
 BLOCK_SIZE = 128  # vLLM's CPU KV block size (tokens)
 
 # How the driven OpenAI client names its session: agentpark's own kv_transfer_params,
@@ -66,6 +80,10 @@ class VllmBenchSpec:
     user_tokens: tuple[int, int] = (120, 160)
     answer_tokens: tuple[int, int] = (24, 40)
     concurrency: int = 2  # multi-turn: clients sending at once (vLLM's --num-clients)
+    # The pin run's fixed time-out (s, as the workload runs: pauses already time-scaled):
+    # Continuum's rule, one TTL for every tool. 5 s covers the median pause of three of the
+    # four tools at the default time_scale 0.5 (0.5, 1.5, 3 s) and not ask_human's (6 s).
+    pin_ttl_s: float = 5.0
 
     @property
     def exact(self) -> bool:
@@ -109,6 +127,8 @@ class VllmBenchSpec:
         ):
             if not 0 < low <= high:
                 wrong.append(f"{name} must be MIN,MAX with 0 < MIN <= MAX, got {low},{high}")
+        if not 0 < self.pin_ttl_s <= 86_400:
+            wrong.append(f"--pin-ttl-s must be in (0, 86400], got {self.pin_ttl_s}")
         if self.workload == "shared-prefix" and self.system_tokens < BLOCK_SIZE:
             wrong.append(f"--system-tokens must be at least one block ({BLOCK_SIZE})")
         if self.blocks is not None and self.blocks < self.fewest_blocks():
@@ -117,6 +137,18 @@ class VllmBenchSpec:
                 f"vLLM starts with {self.fewest_blocks()} blocks of {BLOCK_SIZE} or more"
             )
         return wrong
+
+
+def daemon_env(run: str, spec: VllmBenchSpec) -> dict[str, str]:
+    """The daemon's environment for an agentpark run: its turn-end rule (none for the
+    ``agentpark`` run: the daemon's default), and the pin run's fixed TTL."""
+    mode = TURN_ENDS.get(run)
+    if mode is None:
+        return {}
+    env = {"AGENTPARK_VLLM__TURN_END": mode}
+    if mode == "pin":
+        env["AGENTPARK_VLLM__PIN_TTL_S"] = repr(float(spec.pin_ttl_s))
+    return env
 
 
 def kv_bytes_per_token(spec: VllmBenchSpec) -> int:
