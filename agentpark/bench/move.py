@@ -1,8 +1,10 @@
 """``agentpark bench move``: parked sessions handed between two daemons on this machine.
 
-Two real daemons (uvicorn on loopback, in threads of this process, agentpark.bench.daemon),
-each with its own state dir and /dev/shm tier. After one untimed warm-up move, each run
-parks ``sessions`` sessions of ``tokens`` random tokens on A, then drains them to B
+Two real daemons (``agentpark serve`` child processes on loopback, agentpark.bench.served),
+each with its own config, state dir, /dev/shm tier and admin token made with the CLI (two
+daemons in threads of one process share its GIL: that measured contention, not the move).
+After one untimed warm-up move, each run parks ``sessions`` sessions of ``tokens`` random
+tokens on A, then drains them to B
 (``POST /v1/moves/drain``: every block read from A's tier, sent over HTTP in chunks,
 verified against its digest and written into B's tier, each session committed on B and
 dropped on A). In the same run a
@@ -29,10 +31,9 @@ import httpx
 import numpy as np
 from rich.table import Table
 
-from agentpark.auth import Scope
 from agentpark.bench.common import MiB, stdout_console
-from agentpark.bench.daemon import ThreadDaemon
-from agentpark.config import Settings, load_settings
+from agentpark.bench.served import ServedDaemon, toml_config
+from agentpark.config import load_settings
 
 __all__ = ["BENCH_MODEL", "MoveRun", "run_move_bench", "socket_copy_s"]
 
@@ -105,29 +106,30 @@ def socket_copy_s(nbytes: int, chunk: int) -> float:
     return elapsed
 
 
-def _settings(root: Path, name: str, tokens: int, sessions: int, model: dict[str, int]) -> Settings:
+def _config(root: Path, name: str, tokens: int, sessions: int, model: dict[str, int]) -> Path:
     probe = load_settings(None, state_dir=root / name, model={**model, "max_seq_len": tokens + 32})
     blocks = -(-tokens // probe.pool.block_size) + 1
     block_bytes = 2 * model["n_layers"] * probe.pool.block_size * model["n_kv_heads"]
     block_bytes *= model["head_dim"] * 2  # bfloat16
-    return load_settings(
-        None,
-        state_dir=root / name,
-        model={**model, "max_seq_len": tokens + 32},
-        pool={"num_blocks": 2 * blocks + 8},
-        tiers={
-            "dram": {"capacity": 0},
-            "shm": {"capacity": 2 * sessions * blocks * block_bytes, "path": root / f"{name}.shm"},
+    return toml_config(
+        root / f"{name}.toml",
+        {
+            "state_dir": str(root / name),
+            "log_level": "warning",
+            "model": {**model, "max_seq_len": tokens + 32},
+            "pool": {"num_blocks": 2 * blocks + 8},
+            "tiers": {
+                "dram": {"capacity": 0},
+                "shm": {
+                    "capacity": 2 * sessions * blocks * block_bytes,
+                    "path": str(root / f"{name}.shm"),
+                },
+            },
+            "policy": {"idle_pause_after_s": 0},
+            "limits": {"max_body_bytes": 16 * MiB},
+            "shutdown": {"drain": False},
         },
-        policy={"idle_pause_after_s": 0},
-        limits={"max_body_bytes": 16 * MiB},
-        shutdown={"drain": False},
     )
-
-
-def _admin(daemon: ThreadDaemon) -> str:
-    token, _ = daemon.app.state.gate.store.create("default", frozenset(Scope))
-    return str(token)
 
 
 def _park(client: httpx.Client, session_id: str, tokens: int, rng: np.random.Generator) -> None:
@@ -153,14 +155,14 @@ def run_move_bench(
     console = stdout_console()
     rng = np.random.default_rng(seed)
     root = Path(tempfile.mkdtemp(prefix="agentpark-bench-move-", dir="/dev/shm"))
-    daemons: list[ThreadDaemon] = []
+    daemons: list[ServedDaemon] = []
     runs: list[MoveRun] = []
     try:
-        a = ThreadDaemon.start(_settings(root, "a", tokens, sessions, model))
+        a = ServedDaemon(_config(root, "a", tokens, sessions, model))
         daemons.append(a)
-        b = ThreadDaemon.start(_settings(root, "b", tokens, sessions, model))
+        b = ServedDaemon(_config(root, "b", tokens, sessions, model))
         daemons.append(b)
-        a_token, b_token = _admin(a), _admin(b)
+        a_token, b_token = a.token, b.token
         with (
             httpx.Client(base_url=a.url, timeout=600, headers=_bearer(a_token)) as on_a,
             httpx.Client(base_url=b.url, timeout=600, headers=_bearer(b_token)) as on_b,
@@ -173,6 +175,7 @@ def run_move_bench(
     finally:
         for daemon in reversed(daemons):
             daemon.stop()
+
         shutil.rmtree(root, ignore_errors=True)
     _print(console, runs, sessions, tokens)
     return runs

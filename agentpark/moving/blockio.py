@@ -14,24 +14,26 @@ import xxhash
 from agentpark.integrity import BLOCK_SCHEME
 from agentpark.tiers.base import HostTier
 
-__all__ = ["read_blocks", "wire_digest", "write_block"]
+__all__ = ["read_blocks", "wire_digest", "write_blocks"]
 
 
 def read_blocks(tier: HostTier, slots: Sequence[int], out: bytearray | None = None) -> memoryview:
-    """The wire form of ``slots``' blocks, one after the other (into ``out`` if given)."""
+    """The wire form of ``slots``' blocks, one after the other (into ``out`` if given).
+
+    One gather per pool array (not one copy per block and array): a chunk of 64 blocks of
+    a 16-array pool is 16 numpy calls instead of 1024."""
     buffers = tier.buffers()
     block = sum(buf[0].nbytes for buf in buffers)
     size = block * len(slots)
     if out is None or len(out) < size:
         out = bytearray(size)
-    view = np.frombuffer(out, dtype=np.uint8, count=size)
+    rows = np.frombuffer(out, dtype=np.uint8, count=size).reshape(len(slots), block)
+    index = np.asarray(slots, dtype=np.intp)
     pos = 0
-    for slot in slots:
-        for buf in buffers:
-            row = buf[slot]
-            n = row.nbytes
-            view[pos : pos + n] = row.reshape(-1).view(np.uint8)
-            pos += n
+    for buf in buffers:
+        n = buf[0].nbytes
+        rows[:, pos : pos + n] = buf[index].reshape(len(slots), -1).view(np.uint8)
+        pos += n
     return memoryview(out)[:size]
 
 
@@ -40,12 +42,21 @@ def wire_digest(data: memoryview | bytes) -> str:
     return f"{BLOCK_SCHEME}:{xxhash.xxh3_64_hexdigest(data)}"
 
 
-def write_block(tier: HostTier, slot: int, data: memoryview | bytes) -> None:
-    """Put one block's wire form into ``slot`` of every pool array of ``tier``."""
+def write_blocks(
+    tier: HostTier, slots: Sequence[int], data: memoryview | bytes, at: Sequence[int]
+) -> None:
+    """Put the blocks at positions ``at`` of ``data`` (wire form, one after the other) into
+    ``slots`` of every pool array of ``tier``: one scatter per array."""
+    if not slots:
+        return
+    buffers = tier.buffers()
+    block = sum(buf[0].nbytes for buf in buffers)
     src = np.frombuffer(data, dtype=np.uint8)
+    rows = src.reshape(len(src) // block, block)[np.asarray(at, dtype=np.intp)]
+    index = np.asarray(slots, dtype=np.intp)
     pos = 0
-    for buf in tier.buffers():
-        row = buf[slot]
-        n = row.nbytes
-        row.reshape(-1).view(np.uint8)[:] = src[pos : pos + n]
+    for buf in buffers:
+        n = buf[0].nbytes
+        part = np.ascontiguousarray(rows[:, pos : pos + n])
+        buf[index] = part.view(buf.dtype).reshape((len(slots), *buf.shape[1:]))
         pos += n

@@ -22,7 +22,7 @@ import numpy as np
 
 from agentpark.enums import EventKind, State, TierChoice
 from agentpark.errors import InvalidRequestError, NotReadyError, SessionExistsError
-from agentpark.moving.blockio import wire_digest, write_block
+from agentpark.moving.blockio import wire_digest, write_blocks
 from agentpark.moving.wire import (
     BeginAnswer,
     ChunkAnswer,
@@ -170,7 +170,7 @@ class Importer:
 
     # ---- blocks ----------------------------------------------------------------------------
 
-    def chunk(self, move_id: str, indices: Sequence[int], body: bytes) -> ChunkAnswer:
+    def chunk(self, move_id: str, indices: Sequence[int], body: bytes | memoryview) -> ChunkAnswer:
         """Verify each block of ``body`` against its digest and write it to its slot.
 
         All or nothing per chunk: a block that fails its digest refuses the chunk (422)
@@ -196,12 +196,12 @@ class Importer:
                         "nothing of this chunk was kept",
                         block=i,
                     )
-            for pos, i in enumerate(indices):
-                if i in pending.received:
-                    continue  # a retry of a chunk that landed: written once
-                write_block(pending.tier, res.slots[i], view[pos * block : (pos + 1) * block])
-                pending.received.add(i)
-                pending.written += 1
+            # A retry of a chunk that landed: what was written is written once.
+            at = [pos for pos, i in enumerate(indices) if i not in pending.received]
+            new = [indices[pos] for pos in at]
+            write_blocks(pending.tier, [res.slots[i] for i in new], view, at)
+            pending.received.update(new)
+            pending.written += len(new)
             pending.touched = time.monotonic()
             return ChunkAnswer(
                 move_id=move_id, received=len(pending.received), missing=len(pending.missing())
