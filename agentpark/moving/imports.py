@@ -249,7 +249,8 @@ class Importer:
                     row.revive,
                 )  # refused (503): the import stays open, its blocks kept, for a retry
                 by_slot: dict[int, str | None] = {res.slots[i]: digests[i] for i in res.to_copy}
-                tier.seal(pending.owner, by_slot)
+                # Routers hear the session, not the import, as these blocks' owner.
+                tier.seal(pending.owner, by_slot, announce_as=live.key)
                 tier.hold(live.key, res.slots)
                 tier.free(pending.owner)
                 self.core.registry.add(live)

@@ -45,7 +45,13 @@ class HostTier(Protocol):
 
     def allocate(self, owner: Hashable, n: int) -> list[int]: ...
 
-    def seal(self, owner: Hashable, digests: dict[int, str | None]) -> None: ...
+    def seal(
+        self,
+        owner: Hashable,
+        digests: dict[int, str | None],
+        *,
+        announce_as: Hashable | None = None,
+    ) -> None: ...
 
     def hold(self, owner: Hashable, slots: Sequence[int]) -> None: ...
 
@@ -133,10 +139,17 @@ class SlotTier:
         """Reserve ``n`` fresh private slots for ``owner``, all or none."""
         return self.reserve(owner, [None] * n).slots
 
-    def seal(self, owner: Hashable, digests: dict[int, str | None]) -> None:
-        """``owner``'s fresh slots hold their committed copies (digest by slot)."""
+    def seal(
+        self,
+        owner: Hashable,
+        digests: dict[int, str | None],
+        *,
+        announce_as: Hashable | None = None,
+    ) -> None:
+        """``owner``'s fresh slots hold their committed copies (digest by slot); the
+        listeners hear ``announce_as`` as their owner when given (SlotStore.seal)."""
         if self._slots is not None:
-            self._slots.seal(owner, digests)
+            self._slots.seal(owner, digests, announce_as=announce_as)
 
     def hold(self, owner: Hashable, slots: Sequence[int]) -> None:
         """Keep sealed slots for ``owner`` (a load reading them) until it frees them."""

@@ -147,9 +147,17 @@ class SlotStore:
             self._tell_gone()  # cached blocks evicted to make room
             return Reservation(slots, fresh, list(keys))
 
-    def seal(self, owner: Hashable, digests: dict[int, str | None]) -> None:
+    def seal(
+        self,
+        owner: Hashable,
+        digests: dict[int, str | None],
+        *,
+        announce_as: Hashable | None = None,
+    ) -> None:
         """``owner``'s pending slots hold their copies now (``digests`` by slot): a keyed
-        one becomes findable, unless the same key was sealed meanwhile (it stays private)."""
+        one becomes findable, unless the same key was sealed meanwhile (it stays private).
+        ``announce_as``: the session the listeners are told holds them, when ``owner`` is
+        only a stand-in for it (a move's import, sealed before the session is added)."""
         with self._lock:
             published: list[tuple[int, Hashable]] = []
             for index, slot in enumerate(self._of.get(owner, [])):
@@ -163,7 +171,7 @@ class SlotStore:
                     self._slot_of[key] = slot
                     self._key_of[slot] = key
                     published.append((index, key))
-            self._tell_sealed(owner, published)
+            self._tell_sealed(owner if announce_as is None else announce_as, published)
 
     def hold(self, owner: Hashable, slots: Sequence[int]) -> None:
         """Add ``owner``'s reference to sealed slots (a load reading them keeps them)."""
