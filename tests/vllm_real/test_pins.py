@@ -197,7 +197,16 @@ def test_the_daemon_restarted_with_pins_held_gives_vllm_its_blocks_back(
     assert _held(small) > 0
     daemon.restart()
     wait_for(lambda: _held(small) == 0, 15, "the pin let go when the daemon went away")
-    assert _chat(small, "after-restart", 60.0).tokens  # vLLM and the connector go on
+    tries = iter(range(1_000))
+
+    def answered() -> bool:
+        """vLLM and the connector go on; once the client's back-off ends, the restarted
+        daemon answers again (the next test needs it)."""
+        reply = _chat(small, f"after-restart-{next(tries)}", 60.0)
+        assert reply.tokens
+        return "not answering" not in str(reply.agentpark.get("why"))
+
+    wait_for(answered, 60, "the connector to reach the restarted daemon")
 
 
 def test_vllm_stopped_with_pins_held_shuts_down_cleanly(

@@ -198,6 +198,7 @@ def test_the_readme_sdk_examples_run_against_them(
     code = code.replace('"http://127.0.0.1:8000/v1"', repr(quick.vllm.base_url))
     code = code.replace('"./tiny"', repr(str(tiny_model)))
     code = code.replace("http://127.0.0.1:8470", quick.daemon_url)
+    code = code.replace("http://127.0.0.1:8471", quick.daemon_url)  # the launcher's daemon
     exec(compile(code, "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert any("'agentpark'" in line and "'decision'" in line for line in printed)

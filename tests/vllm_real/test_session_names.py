@@ -33,8 +33,13 @@ IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the engine core in the c
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentDaemon]:
-    with shm_daemon(tmp_path_factory.mktemp("daemon") / "state", "agentpark-names-test-") as made:
-        yield made
+    state = tmp_path_factory.mktemp("daemon") / "state"
+    with pytest.MonkeyPatch.context() as env:
+        # What is tested here is parking and restoring by name: every turn end parks (the
+        # adaptive rule would pin short pauses, served by vLLM's own cache instead).
+        env.setenv("AGENTPARK_VLLM__TURN_END", "park")
+        with shm_daemon(state, "agentpark-names-test-") as made:
+            yield made
 
 
 @pytest.fixture(scope="module")
