@@ -200,6 +200,18 @@ def _add_vllm(commands: Commands, bench_sub: Subparsers[argparse.ArgumentParser]
         help="the pin run's fixed pin time-out, seconds as the workload runs (default 5)",
     )
     add(
+        "--pin-share",
+        type=float,
+        help="the daemon's [vllm] pin_share for the runs that pin (default: the daemon's)",
+    )
+    add(
+        "--repeats",
+        type=int,
+        default=1,
+        help="every run this many times on the same workload; then medians and ranges (default 1)",
+    )
+    add("--save", type=Path, help="write every repeat's turns to this JSON file")
+    add(
         "--client",
         default="agentpark",
         help="comma-separated: how the client names its session, one agentpark run each: "
@@ -315,7 +327,9 @@ def bench_agents(args: argparse.Namespace) -> int:
 def bench_vllm(args: argparse.Namespace) -> int:
     from agentpark.bench.vllm import run_vllm_bench
 
-    return run_vllm_bench(vllm_spec(args), runs=_names(args.runs), model=args.model)
+    return run_vllm_bench(
+        vllm_spec(args), runs=_names(args.runs), model=args.model, save_to=args.save
+    )
 
 
 def vllm_spec(args: argparse.Namespace) -> VllmBenchSpec:
@@ -340,6 +354,8 @@ def vllm_spec(args: argparse.Namespace) -> VllmBenchSpec:
         answer_tokens=_span("--answer-tokens", args.answer_tokens),
         concurrency=args.concurrency,
         pin_ttl_s=args.pin_ttl_s,
+        pin_share=args.pin_share,
+        repeats=args.repeats,
     )
 
 

@@ -12,11 +12,12 @@ from typing import Any
 
 from agentpark.bench.vllm.compare import breakdown, differs
 from agentpark.bench.vllm.parked import pool_figures
+from agentpark.bench.vllm.repeats import noise_table, target_counts
 from agentpark.bench.vllm.results import RunResult
 from agentpark.bench.vllm.spec import BLOCK_SIZE, VllmBenchSpec
 from agentpark.bench.vllm.variants import variants_table, verdicts
 
-__all__ = ["TARGETS", "print_report", "quantile", "ratios"]
+__all__ = ["TARGETS", "print_noise", "print_report", "quantile", "ratios"]
 
 # Fewer prefill tokens than plain that issue 19 asks of each client; the shared prefix's
 # fewer bytes than one copy per session; a lower p50 TTFT.
@@ -182,3 +183,17 @@ def print_report(results: list[RunResult], spec: VllmBenchSpec, blocks: int) -> 
     for run in results:
         for turn in run.errors()[:3]:
             out.print(f"{run.label}: agent {turn.agent} turn {turn.turn} failed: {turn.error}")
+
+
+def print_noise(repeats: Sequence[Sequence[RunResult]]) -> None:
+    """The repeats side by side, and how often each target was met, with the load."""
+    import os
+
+    from agentpark.bench.common import stdout_console
+
+    out = stdout_console()
+    out.print(noise_table(repeats))
+    for line in target_counts(repeats):
+        out.print(line)
+    load = os.getloadavg()
+    out.print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

@@ -13,7 +13,8 @@ from pathlib import Path
 from agentpark.bench.vllm.compare import decisions, failed, mark_restored
 from agentpark.bench.vllm.daemon import BenchDaemon
 from agentpark.bench.vllm.drive import Clock, drive
-from agentpark.bench.vllm.report import print_report
+from agentpark.bench.vllm.repeats import save
+from agentpark.bench.vllm.report import print_noise, print_report
 from agentpark.bench.vllm.results import RunResult, TurnResult
 from agentpark.bench.vllm.spec import (
     BLOCK_SIZE,
@@ -103,10 +104,14 @@ def run_order(runs: Sequence[str], clients: Sequence[str]) -> list[tuple[str, st
 
 
 def run_vllm_bench(
-    spec: VllmBenchSpec, runs: Sequence[str] = DEFAULT_RUNS, model: Path | None = None
+    spec: VllmBenchSpec,
+    runs: Sequence[str] = DEFAULT_RUNS,
+    model: Path | None = None,
+    save_to: Path | None = None,
 ) -> int:
-    """Run the bench and print its tables; 1 if a request failed or agentpark's tokens
-    differ, 2 for flags it cannot run (nothing started)."""
+    """Run the bench (``spec.repeats`` times) and print its tables; 1 if a request failed
+    or agentpark's tokens differ, 2 for flags it cannot run (nothing started).
+    ``save_to``: every repeat's turns as JSON (agentpark.bench.vllm.repeats)."""
     unknown = [r for r in runs if r not in RUNS]
     problems = spec.problems()
     if unknown or not runs:
@@ -150,9 +155,19 @@ def run_vllm_bench(
             f"workload {spec.workload}: {spec.agents} x {spec.turns} turns, seed {spec.seed}, "
             f"longest prompt ~{longest} tokens"
         )
-        results = []
-        for name, client in run_order(runs, spec.clients):
-            results.append(run_one(name, client, Path(model), work, plans, spec, blocks, clock))
-            clock.say(f"{results[-1].label}: done in {results[-1].makespan_s:.1f} s")
-    print_report(results, spec, blocks)
-    return 1 if failed(results, spec) else 0
+        repeats: list[list[RunResult]] = []
+        for repeat in range(spec.repeats):
+            if spec.repeats > 1:
+                clock.say(f"repeat {repeat + 1} of {spec.repeats}")
+            results = []
+            for name, client in run_order(runs, spec.clients):
+                results.append(run_one(name, client, Path(model), work, plans, spec, blocks, clock))
+                clock.say(f"{results[-1].label}: done in {results[-1].makespan_s:.1f} s")
+            repeats.append(results)
+            if save_to is not None:  # after each repeat: a stopped bench keeps what it ran
+                save(save_to, spec, blocks, repeats)
+    for results in repeats:
+        print_report(results, spec, blocks)
+    if len(repeats) > 1:
+        print_noise(repeats)
+    return 1 if any(failed(results, spec) for results in repeats) else 0

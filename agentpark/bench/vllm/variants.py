@@ -14,7 +14,7 @@ from typing import Any
 from agentpark.bench.vllm.compare import by_kind
 from agentpark.bench.vllm.results import RunResult
 
-__all__ = ["Variant", "variants", "variants_table", "verdicts"]
+__all__ = ["Variant", "variants", "variants_table", "verdict_flags", "verdicts"]
 
 NAN = float("nan")
 WITHIN_REFERENCE = 0.05  # adaptive: at most 5% more prefill than the reference
@@ -130,9 +130,15 @@ def variants_table(results: Sequence[RunResult], blocks: int) -> Any:
         table.add_column(column, justify="right")
     for row in variants(results):
         ends = row.turn_ends
+        copies = ends.get("copies behind pins", 0)
+        pinned = f"{ends.get('pinned', 0)}" + (f" ({copies} copied)" if copies else "")
         answers = (
-            [str(ends.get(k, 0)) for k in ("pinned", "parked", "dropped", "kept")]
-            + [_released(ends), _ended(ends)]
+            [
+                pinned,
+                *(str(ends.get(k, 0)) for k in ("parked", "dropped", "kept")),
+                _released(ends),
+                _ended(ends),
+            ]
             if ends
             else ["-"] * 6
         )
@@ -152,28 +158,50 @@ def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+def _judged(results: Sequence[RunResult]) -> list[tuple[str, str, bool, str]]:
+    """(adaptive run, target, met, the line that says it) for every target of issue 20."""
+    rows = variants(results)
+    judged = []
+    for row in (r for r in rows if r.name == "adaptive"):
+        near = row.over_reference <= WITHIN_REFERENCE
+        fewer = row.vs_plain >= FEWER_THAN_PLAIN
+        faster = row.ttft_vs_plain >= TTFT_THAN_PLAIN
+        judged.append(
+            (
+                row.label,
+                "plain and reference",
+                near and fewer and faster,
+                f"{row.label}: {_pct(row.over_reference)} prefill vs the reference "
+                f"(target <= +{WITHIN_REFERENCE:.0%}: {_met(near)}), "
+                f"{_x(row.vs_plain)} fewer than plain (target >= {FEWER_THAN_PLAIN:g}x: "
+                f"{_met(fewer)}), p50 TTFT after a tool "
+                f"{_x(row.ttft_vs_plain)} lower than plain (target >= {TTFT_THAN_PLAIN:g}x: "
+                f"{_met(faster)})",
+            )
+        )
+        for other in (r for r in rows if r.client == row.client and r.name in ("park", "pin")):
+            beats = row.prefill < other.prefill and row.ttft_p99 < other.ttft_p99
+            judged.append(
+                (
+                    row.label,
+                    f"beats {other.label}",
+                    beats,
+                    f"{row.label} vs {other.label}: prefill {row.prefill:,} vs "
+                    f"{other.prefill:,}, p99 TTFT {_s(row.ttft_p99)} vs {_s(other.ttft_p99)} s "
+                    f"(target: fewer and lower: {_met(beats)})",
+                )
+            )
+    return judged
+
+
 def verdicts(results: Sequence[RunResult]) -> list[str]:
     """Issue 20's targets for each adaptive run (per client), each said met or not: within
     5% of the reference's prefill, >= 2x fewer than plain, p50 TTFT after a tool >= 2x
     lower than plain's, and fewer prefill tokens and a lower p99 TTFT than both the
     always-park and the pin-only run of the same client."""
-    rows = variants(results)
-    lines = []
-    for row in (r for r in rows if r.name == "adaptive"):
-        lines.append(
-            f"{row.label}: {_pct(row.over_reference)} prefill vs the reference "
-            f"(target <= +{WITHIN_REFERENCE:.0%}: "
-            f"{_met(row.over_reference <= WITHIN_REFERENCE)}), "
-            f"{_x(row.vs_plain)} fewer than plain (target >= {FEWER_THAN_PLAIN:g}x: "
-            f"{_met(row.vs_plain >= FEWER_THAN_PLAIN)}), p50 TTFT after a tool "
-            f"{_x(row.ttft_vs_plain)} lower than plain (target >= {TTFT_THAN_PLAIN:g}x: "
-            f"{_met(row.ttft_vs_plain >= TTFT_THAN_PLAIN)})"
-        )
-        for other in (r for r in rows if r.client == row.client and r.name in ("park", "pin")):
-            beats = row.prefill < other.prefill and row.ttft_p99 < other.ttft_p99
-            lines.append(
-                f"{row.label} vs {other.label}: prefill {row.prefill:,} vs {other.prefill:,}, "
-                f"p99 TTFT {_s(row.ttft_p99)} vs {_s(other.ttft_p99)} s "
-                f"(target: fewer and lower: {_met(beats)})"
-            )
-    return lines
+    return [line for *_, line in _judged(results)]
+
+
+def verdict_flags(results: Sequence[RunResult]) -> list[tuple[str, str, bool]]:
+    """(adaptive run, target, met) for :func:`verdicts`' lines (the repeats count them)."""
+    return [(label, target, ok) for label, target, ok, _ in _judged(results)]
