@@ -104,6 +104,7 @@ class Reason(StrEnum):
     TIMEOUT = "timeout"  # a pin ended: its time-out passed
     SHUTDOWN = "shutdown"  # a pin ended: the engine stopped
     EXPIRED = "expired"  # a pin's record ended past its time-out with no word from the engine
+    PIN_COPY = "pin_copy"  # a pinned turn's parked copy, taken behind the pin (protocol 5)
 
 
 class EventKind(StrEnum):

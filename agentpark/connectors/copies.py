@@ -9,8 +9,9 @@ the rules hold once for both:
   when vLLM defers its finalize): a store is in exactly one step's plan, so the store ids
   copied are kept for that step and forgotten when the next step's plan arrives;
 * every store is reported (``complete_store``, failed ones too) and its request is handed
-  back for vLLM to free its blocks; every load is reported (``load_done``) and a load that
-  did not run names its blocks for vLLM to recompute;
+  back for vLLM to free its blocks (a pin's copy, ``hold``, is not: its pin frees them);
+  every load is reported (``load_done``) and a load that did not run names its blocks
+  for vLLM to recompute;
 * :class:`OffCopies` is the worker with agentpark off (an unsupported setup, no KV caches
   registered yet): it reports every planned copy failed, so vLLM still frees and recomputes.
 
@@ -82,7 +83,8 @@ class Copies(ABC):
             self._copied.clear()
 
     def run_stores(self, stores: Iterable[StoreMeta]) -> set[str]:
-        """Copy each store not copied yet in this step; the request ids to hand back (all)."""
+        """Copy each store not copied yet in this step; the request ids to hand back (all
+        but a pin's copy: its pin holds the blocks until the step plan lets it go)."""
         done: set[str] = set()
         for store in stores:
             if store.store_id in self._copied:
@@ -97,7 +99,8 @@ class Copies(ABC):
             except Exception as exc:
                 detail = f"copy failed: {exc}"
                 log.exception("agentpark worker: store %d failed", store.store_id)
-            done.add(store.req_id)
+            if not store.hold:
+                done.add(store.req_id)
             self.client.call(
                 "complete_store", store_id=store.store_id, ok=ok, digests=digests, detail=detail
             )

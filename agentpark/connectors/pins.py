@@ -11,7 +11,9 @@ list. A pin is let go at the first of:
 - ``timeout``: its deadline passed (checked every engine step; the engine keeps stepping
   while a delayed-free request is held, so this runs also when no request does);
 - ``pressure``: vLLM cannot allocate; latest expected return first, each one offered to
-  the daemon again with ``pressure=True`` and parked (copied, then freed) or dropped;
+  the daemon again with ``pressure=True`` and parked (copied, then freed) or dropped; a
+  pin with a parked copy behind it (``backed``: copied at the turn end while its blocks
+  stay allocated) is freed at once, with nothing to copy on the waiting request's path;
 - ``restart``: the control connection broke or a new daemon answered (its pins are gone);
 - ``shutdown``: vLLM stops.
 
@@ -51,6 +53,7 @@ class Pin:
     expected_return: float  # monotonic time the session is expected back
     deadline: float  # monotonic time the pin is let go if it has not returned
     generation: int  # the control connection's generation it was made under
+    backed: bool = False  # a parked copy behind it: a release frees at once, nothing copied
 
 
 @dataclass
@@ -187,6 +190,7 @@ class Pins:
             now + (ttl if expected is None else float(expected)),
             now + ttl,
             self.client.generation,
+            backed=answer.get("store_id") is not None,
         )
         self.book.add(pin)
         return pin
@@ -226,7 +230,10 @@ class Pins:
             n = self.freeable(pin.block_ids)
             if n == 0:
                 continue  # every block is also another request's: letting go frees none
-            self._under_pressure(pin, plan, engine)
+            if pin.backed:  # its copy was taken at the turn end: free the blocks now
+                self._let_go(pin, "pressure", plan)
+            else:
+                self._under_pressure(pin, plan, engine)
             self.in_flight[pin.req_id] = n
             coming += n
         if not self.in_flight:

@@ -76,7 +76,8 @@ __all__ = [
     "valid_session_id",
 ]
 
-PROTOCOL = 4  # 2: hello with the token first; 3: blocks by content; 4: pins (unpin)
+PROTOCOL = 5  # 2: hello with the token first; 3: blocks by content; 4: pins (unpin);
+# 5: a pin with a parked copy behind it (prepare_store backs_pins, answered pinned + a store)
 MAX_JSON = 1 << 20
 # A token blob: 16 MiB is 4M token ids, several times the longest context any model takes.
 MAX_BLOB = 16 << 20

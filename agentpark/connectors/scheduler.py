@@ -25,58 +25,29 @@ Light (no vLLM, torch or JAX at run time): vLLM's objects are only read.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentpark.connectors.client import ControlClient
 from agentpark.connectors.hints import Resolved, resolve
 from agentpark.connectors.pins import EngineView, Pins
 from agentpark.connectors.protocol import SessionParams, encode_tokens
-from agentpark.connectors.steps import LoadMeta, StepPlan, store_meta
+from agentpark.connectors.steps import LoadMeta, StepPlan
 from agentpark.connectors.toolcalls import ToolCallReader
+from agentpark.connectors.turn_ends import (
+    RequestRecord,
+    TurnEnd,
+    block_keys,
+    request_id,
+    turn_answer,
+)
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.request import Request
 
-__all__ = ["OffScheduler", "SchedulerSide", "block_keys"]
+__all__ = ["OffScheduler", "SchedulerSide"]
 
 log = logging.getLogger("vllm.agentpark")
-
-
-@dataclass
-class _Request:
-    """The scheduler side's record of one request of a session."""
-
-    params: SessionParams
-    num_computed: int = 0
-    restored_tokens: int = 0
-    restored_from: str | None = None
-    load_blocks: tuple[int, ...] = ()
-
-
-def _request_id(request: Request) -> str | None:
-    """vLLM's id of the request, for the daemon's events; None where the daemon's bound
-    refuses it (over 256 characters or a control character: a client's X-Request-Id)."""
-    rid = str(request.request_id)
-    printable = all(not ("\x00" <= ch <= "\x1f" or "\x7f" <= ch <= "\x9f") for ch in rid)
-    return rid if 0 < len(rid) <= 256 and printable else None
-
-
-def _answer(
-    decision: str, why: str, record: _Request | None, hints: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """What the response's ``kv_transfer_params`` says of the turn (``hints``: the
-    agentpark kv_hints actions taken, when there were any)."""
-    ours: dict[str, Any] = {
-        "decision": decision,
-        "why": why,
-        "restored_tokens": record.restored_tokens if record else 0,
-        "restored_from": record.restored_from if record else None,
-    }
-    if hints:
-        ours["hints"] = list(hints)
-    return {"agentpark": ours}
 
 
 class SchedulerSide:
@@ -94,10 +65,13 @@ class SchedulerSide:
         self.tools = tools  # the turn's tool from its output, when the client names none
         self.tenant = tenant
         self.block_size = block_size
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, RequestRecord] = {}
         self._next = StepPlan()
         self.engine = EngineView(block_size)
         self.pins = Pins(client, freeable=self.engine.freeable)
+        self.turn_end = TurnEnd(
+            client, self.pins, self.engine, block_size, tools, self._engine_fields
+        )
 
     @property
     def session_tenant(self) -> str:
@@ -138,7 +112,7 @@ class SchedulerSide:
         _, params = self._session(request)
         if params is None:
             return 0, False
-        record = self._requests.setdefault(request.request_id, _Request(params))
+        record = self._requests.setdefault(request.request_id, RequestRecord(params))
         record.num_computed = num_computed_tokens
         tokens = list(request.all_token_ids)
         answer = self.client.call(
@@ -147,7 +121,7 @@ class SchedulerSide:
             session_id=params.session_id,
             num_computed=num_computed_tokens,
             **block_keys(request),
-            request_id=_request_id(request),
+            request_id=request_id(request),
         )
         if answer is None or not answer.get("ok"):
             return 0, False
@@ -181,7 +155,7 @@ class SchedulerSide:
                 start_block=start,
                 block_ids=list(block_ids[:end]),
                 **block_keys(request),
-                request_id=_request_id(request),
+                request_id=request_id(request),
             )
         if record is None or answer is None or not answer.get("ok"):
             # vLLM counted these tokens as loadable: say the blocks failed, it recomputes.
@@ -264,7 +238,7 @@ class SchedulerSide:
             self.client.degraded(
                 resolved.cause or "bad_params", f"request {request.request_id}: {why}"
             )
-            return False, _answer("refused", why, None)
+            return False, turn_answer("refused", why, None)
         assert params is not None  # refused is the only way to none
         if resolved.hints.release:
             return False, self._release(params, record, taken)
@@ -274,93 +248,33 @@ class SchedulerSide:
         return keep, answer
 
     def _release(
-        self, params: SessionParams, record: _Request | None, taken: tuple[str, ...]
+        self, params: SessionParams, record: RequestRecord | None, taken: tuple[str, ...]
     ) -> dict[str, Any]:
         """The conversation's last turn (``agentpark.release``): nothing parked, the
         session deleted at the daemon with whatever it had parked."""
         if params.session_id is None:
-            return _answer("kept", "an anonymous request has no session to release", record, taken)
+            return turn_answer(
+                "kept", "an anonymous request has no session to release", record, taken
+            )
         answer = self.client.call("release", session_id=params.session_id)
         if answer is None:
-            return _answer("kept", "the agentpark daemon did not answer", record, taken)
+            return turn_answer("kept", "the agentpark daemon did not answer", record, taken)
         if not answer.get("ok"):
             why = str(answer.get("error"))
             self.client.degraded(str(answer.get("cause", "refused")), f"release refused: {why}")
-            return _answer("kept", why, record, taken)
+            return turn_answer("kept", why, record, taken)
         decision = "released" if answer.get("released") else "kept"
-        return _answer(decision, str(answer.get("why")), record, taken)
+        return turn_answer(decision, str(answer.get("why")), record, taken)
 
     def _park(
         self,
         request: Request,
         block_ids: list[int],
         params: SessionParams,
-        record: _Request | None,
+        record: RequestRecord | None,
     ) -> tuple[bool, dict[str, Any] | None]:
-        """Ask the daemon to park the turn's whole blocks; True keeps them for the worker."""
-        full = min(request.num_computed_tokens // self.block_size, len(block_ids))
-        if full == 0:
-            return False, _answer("kept", "no whole block of KV to park", record)
-        tokens = list(request.all_token_ids)[: full * self.block_size]
-        ids = [int(b) for b in block_ids[:full]]
-        tool = params.tool
-        if tool is None and self.tools is not None:
-            tool = self.tools.tool_for(request, self.client.degraded)
-        fields: dict[str, Any] = {
-            "session_id": params.session_id,
-            "tool": tool,
-            "expected_resume_s": params.expected_resume_s,
-            **block_keys(request),
-            "request_id": _request_id(request),
-        }
-        engine = self._engine_fields()
-        answer = self.client.call(
-            "prepare_store", encode_tokens(tokens), block_ids=ids, **engine, **fields
-        )
-        if answer is None:
-            return False, _answer("kept", self.client.last_miss, record)
-        if not answer.get("ok"):
-            why = str(answer.get("error"))
-            self.client.degraded(str(answer.get("cause", "refused")), f"park refused: {why}")
-            return False, _answer("kept", why, record)
-        if answer.get("decision") == "pinned":
-            if self.pins.fits(len(ids), self.engine.total_blocks):
-                self.pins.pin(request.request_id, ids, tokens, answer, fields)
-                return True, _answer("pinned", str(answer.get("why")), record)
-            # Over the pinned share (a hard bound here too): offered again as pressure.
-            session = str(answer.get("session_id") or params.session_id)
-            answer = self.client.call(
-                "prepare_store",
-                encode_tokens(tokens),
-                block_ids=ids,
-                pressure=True,
-                **engine,
-                **fields,
-            )
-            self.pins.unpin(session, "pressure", len(ids))
-            if answer is None or not answer.get("ok") or answer.get("decision") == "pinned":
-                why = f"over the pinned share ({self.pins.share:.0%} of the engine's blocks)"
-                return False, _answer("dropped", why, record)
-        decision = str(answer.get("decision"))
-        if decision == "dropped":
-            return False, _answer("dropped", str(answer.get("why")), record)
-        if decision != "parked":
-            return False, _answer("kept", str(answer.get("why")), record)
-        self._next.stores.append(store_meta(request.request_id, ids, answer))
-        return True, _answer("parked", str(answer.get("why")), record)
-
-
-def block_keys(request: Request) -> dict[str, Any]:
-    """What vLLM keys a request's blocks with besides its tokens (its cache salt and LoRA
-    adapter), for the daemon to compute the same block-hash chain: never across salts."""
-    keys: dict[str, Any] = {}
-    salt = getattr(request, "cache_salt", None)
-    if isinstance(salt, str) and salt:
-        keys["cache_salt"] = salt
-    lora = getattr(request, "lora_request", None)
-    if lora is not None:
-        keys["lora"] = {"name": str(lora.lora_name), "path": str(lora.lora_path)}
-    return keys
+        """The turn end: the daemon's answer carried out (agentpark.connectors.turn_ends)."""
+        return self.turn_end.end(request, block_ids, params, record, self._next)
 
 
 def _digests(raw: Any) -> list[str | None] | None:
@@ -387,11 +301,11 @@ class OffScheduler(SchedulerSide):
         request: Request,
         block_ids: list[int],
         params: SessionParams,
-        record: _Request | None,
+        record: RequestRecord | None,
     ) -> tuple[bool, dict[str, Any] | None]:
-        return False, _answer("kept", self.why, record)
+        return False, turn_answer("kept", self.why, record)
 
     def _release(
-        self, params: SessionParams, record: _Request | None, taken: tuple[str, ...]
+        self, params: SessionParams, record: RequestRecord | None, taken: tuple[str, ...]
     ) -> dict[str, Any]:
-        return _answer("kept", self.why, record, taken)
+        return turn_answer("kept", self.why, record, taken)

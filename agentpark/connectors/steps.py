@@ -24,6 +24,7 @@ class StoreMeta:
     slots: list[int]
     checksum: bool  # whether the daemon wants each block's digest (never for held bytes)
     pool_id: str | None
+    hold: bool = False  # a pin's copy: the blocks stay allocated (the pin lets them go)
 
 
 @dataclass
@@ -50,8 +51,11 @@ class StepPlan:
     release: list[str] = field(default_factory=list)
 
 
-def store_meta(req_id: str, block_ids: list[int], answer: dict[str, Any]) -> StoreMeta:
-    """The copy a "parked" prepare_store answer asks for (only the blocks it says are fresh)."""
+def store_meta(
+    req_id: str, block_ids: list[int], answer: dict[str, Any], *, hold: bool = False
+) -> StoreMeta:
+    """The copy a "parked" prepare_store answer asks for (only the blocks it says are fresh);
+    ``hold``: a pinned answer's copy, whose blocks the pin still holds after it."""
     slots = [int(s) for s in answer["slots"]]
     fresh = [bool(f) for f in answer.get("fresh") or [True] * len(slots)]
     return StoreMeta(
@@ -61,4 +65,5 @@ def store_meta(req_id: str, block_ids: list[int], answer: dict[str, Any]) -> Sto
         [s for s, new in zip(slots, fresh, strict=True) if new],
         bool(answer.get("checksum")),
         answer.get("pool_id"),
+        hold,
     )

@@ -9,7 +9,8 @@ taken, so this module loads without torch or JAX.
 A store is planned only for a request vLLM has finished, so its copy being done (or
 failed) is its send being done: ``get_finished`` hands it back at once and vLLM frees its
 blocks; nothing is kept past that step. A pinned request (agentpark.connectors.pins) is
-reported in the step whose plan lets it go (``release``).
+reported in the step whose plan lets it go (``release``), also when a copy was taken
+behind the pin (its store ``hold``: copied, then still held).
 """
 
 from __future__ import annotations

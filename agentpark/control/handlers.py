@@ -280,24 +280,29 @@ class ControlOps:
         return answer
 
     def _store_answer(self, result: PauseResult | StorePlan | Pinned) -> PrepareStoreAnswer:
+        """A pin (its time-out, order and name), a park (the copy to make), both (a pin
+        with a parked copy behind it), or what was done instead."""
+        pin = result if isinstance(result, Pinned) else getattr(result, "pin", None)
+        pinned: dict[str, object] = {}
+        if pin is not None:
+            pinned = {
+                "pin_ttl_s": pin.ttl_s,
+                "expected_resume_s": pin.expected_s,
+                "session_id": pin.row.session_id,
+            }
         if isinstance(result, Pinned):
-            return PrepareStoreAnswer(
-                decision=Decision.PINNED,
-                why=result.why,
-                pin_ttl_s=result.ttl_s,
-                expected_resume_s=result.expected_s,
-                session_id=result.row.session_id,
-            )
+            return PrepareStoreAnswer(decision=Decision.PINNED, why=result.why, **pinned)
         if not isinstance(result, StorePlan):
             return PrepareStoreAnswer(decision=result.decision, why=result.why)
         return PrepareStoreAnswer(
-            decision=Decision.PARKED,
+            decision=Decision.PINNED if pin is not None else Decision.PARKED,
             why=result.why,
             store_id=result.store_id,
             slots=list(result.slots),
             fresh=list(result.fresh),
             checksum=result.checksum,
             pool_id=self.service.pool_id,
+            **pinned,
         )
 
     def _ask(self, request: PrepareStoreRequest) -> TurnEndAsk:
@@ -314,6 +319,7 @@ class ControlOps:
             prefill_ms_per_token=request.prefill_ms_per_token,
             overhead_s=policy.overhead_s,
             quantile=policy.tool_quantile,
+            backs_pins=request.backs_pins,
         )
 
     def _complete_store(

@@ -16,7 +16,12 @@ The rule (``adaptive``):
 
 1. not under pressure, an expected pause shorter than ``pin_ttl_s``, and room for the
    pin -> pin, its time-out the expected pause x ``pin_margin`` (at least
-   :data:`MIN_PIN_S`), capped by ``pin_ttl_s``;
+   :data:`MIN_PIN_S`), capped by ``pin_ttl_s``; with a parked copy behind it (the
+   connector copies the blocks at the turn end and still holds them) when a park would
+   be worth it by 2 and the connector can (protocol 5): a pin let go under pressure or
+   at its time-out then frees its blocks at once, with nothing to copy on the path of
+   the request that needs them, and the session's next turn loads the copy if vLLM
+   evicted the blocks meanwhile (a pin without a copy is only as good as vLLM's LRU);
 2. else host room and the copy back cheaper than the recompute (or the recompute not yet
    measured) -> park;
 3. else drop.
@@ -60,28 +65,34 @@ def _pin_room(facts: TurnEndFacts, rule: TurnEndRule) -> str | None:
     return None
 
 
-def _park_or_drop(facts: TurnEndFacts, rule_why: str) -> TurnEndChoice:
-    """2 and 3: park when the copy back is cheaper than the recompute, else drop."""
+def _copy_back(facts: TurnEndFacts) -> tuple[bool, str]:
+    """Whether a parked copy is worth its copy (the host pool has room and the copy back
+    costs less than the recompute, or the recompute is not measured yet), and why."""
     if not facts.host_room:
-        return TurnEndChoice("dropped", f"{rule_why}; the host pool has no room: dropped")
+        return False, "the host pool has no room"
     restore_s = facts.blocks * facts.block_bytes / max(facts.bandwidth_bps, 1.0)
     restore_s += facts.overhead_s / 2
     if facts.prefill_ms_per_token is None:
-        return TurnEndChoice(
-            "parked", f"{rule_why}; the recompute is not measured yet: parked (as before)"
-        )
+        return True, "the recompute is not measured yet"
     recompute_s = facts.tokens * facts.prefill_ms_per_token / 1e3
     if restore_s < recompute_s:
-        return TurnEndChoice(
-            "parked",
-            f"{rule_why}; the copy back ({restore_s * 1e3:.3g} ms) costs less than "
-            f"recomputing {facts.tokens} tokens ({recompute_s * 1e3:.3g} ms): parked",
+        return True, (
+            f"the copy back ({restore_s * 1e3:.3g} ms) costs less than recomputing "
+            f"{facts.tokens} tokens ({recompute_s * 1e3:.3g} ms)"
         )
-    return TurnEndChoice(
-        "dropped",
-        f"{rule_why}; recomputing {facts.tokens} tokens ({recompute_s * 1e3:.3g} ms) costs "
-        f"no more than the copy back ({restore_s * 1e3:.3g} ms): dropped",
+    return False, (
+        f"recomputing {facts.tokens} tokens ({recompute_s * 1e3:.3g} ms) costs no more than "
+        f"the copy back ({restore_s * 1e3:.3g} ms)"
     )
+
+
+def _park_or_drop(facts: TurnEndFacts, rule_why: str) -> TurnEndChoice:
+    """2 and 3: park when the copy back is cheaper than the recompute, else drop."""
+    worth, why = _copy_back(facts)
+    if worth:
+        suffix = " (as before)" if facts.prefill_ms_per_token is None else ""
+        return TurnEndChoice("parked", f"{rule_why}; {why}: parked{suffix}")
+    return TurnEndChoice("dropped", f"{rule_why}; {why}: dropped")
 
 
 def choose(facts: TurnEndFacts, rule: TurnEndRule) -> TurnEndChoice:
@@ -109,9 +120,12 @@ def choose(facts: TurnEndFacts, rule: TurnEndRule) -> TurnEndChoice:
     if no_room is not None:
         return _park_or_drop(facts, f"expected pause {expected:.3g}s ({source}) but {no_room}")
     ttl = min(max(expected * rule.pin_margin, MIN_PIN_S), rule.pin_ttl_s)
-    return TurnEndChoice(
-        "pinned",
+    why = (
         f"expected pause {expected:.3g}s ({source}) is shorter than pin_ttl_s "
-        f"{rule.pin_ttl_s:g}s and pins have room: pinned for {ttl:.3g}s",
-        ttl,
+        f"{rule.pin_ttl_s:g}s and pins have room: pinned for {ttl:.3g}s"
     )
+    backed = False
+    if facts.backs_pins:
+        backed, because = _copy_back(facts)
+        why += f", a parked copy behind it ({because})" if backed else f", no copy ({because})"
+    return TurnEndChoice("pinned", why, ttl, backed=backed)

@@ -169,3 +169,20 @@ def test_one_agentpark_run_prints_no_side_by_side(capsys: pytest.CaptureFixture[
     )
     out = capsys.readouterr().out
     assert "agentpark/agentpark vs plain" in out and "turn-end rules" not in out
+
+
+def test_a_copy_behind_a_pin_is_counted_apart_from_the_turn_ends_parked() -> None:
+    events = [
+        {"kind": "pin", "reason": "turn_end"},
+        {"kind": "pause", "reason": "pin_copy"},  # the pin's copy: not a park of its own
+        {"kind": "pause", "reason": "turn_end"},
+    ]
+    counts = decisions(events)
+    assert counts == {"pinned": 1, "copies behind pins": 1, "parked": 1}
+    assert by_kind(counts) == {
+        "pinned": 1,
+        "parked": 1,
+        "dropped": 0,
+        "kept": 0,
+        "copies behind pins": 1,
+    }

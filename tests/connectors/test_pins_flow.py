@@ -29,26 +29,25 @@ from tests.connectors.test_vllm_sides import Request as _Request
 from tests.harness import tiny_settings
 
 
-@pytest.fixture
-def pin_daemon(tmp_path: Path, shm_dir: Path) -> Iterator[ControlDaemon]:
-    """The daemon's vLLM side answering every turn end "pinned" (for 1 s)."""
+def vllm_daemon(tmp_path: Path, shm_dir: Path, **vllm: Any) -> ControlDaemon:
+    """The daemon's vLLM side with these ``[vllm]`` settings (a 1 MiB pool); close it."""
     settings = tiny_settings(
         tmp_path / "state",
         shm_dir,
-        vllm={
-            "enabled": True,
-            "pool_capacity": 1 << 20,
-            "pool_path": shm_dir / "pool",
-            "turn_end": "pin",
-            "pin_ttl_s": 1.0,
-        },
+        vllm={"enabled": True, "pool_capacity": 1 << 20, "pool_path": shm_dir / "pool", **vllm},
     )
     upgrade(settings.database_url)
     store = SessionStore(*open_database(settings.database_url))
     service = control_service(settings, store)
     service.start()
     client = ControlClient(None, socket_path=str(service.socket_path), timeout_s=10)
-    made = ControlDaemon(settings, store, service, client)
+    return ControlDaemon(settings, store, service, client)
+
+
+@pytest.fixture
+def pin_daemon(tmp_path: Path, shm_dir: Path) -> Iterator[ControlDaemon]:
+    """The daemon's vLLM side answering every turn end "pinned" (for 1 s)."""
+    made = vllm_daemon(tmp_path, shm_dir, turn_end="pin", pin_ttl_s=1.0)
     yield made
     made.close()
 

@@ -81,14 +81,14 @@ def _events(daemon: ControlDaemon, session_id: str) -> list[tuple[str, str, str 
     ]
 
 
-def test_hello_says_protocol_4_and_the_pin_share(make: Make) -> None:
+def test_hello_says_protocol_5_and_the_pin_share(make: Make) -> None:
     daemon = make(pin_share=0.25)
     conn = Raw(daemon.service.socket_path)
     try:
         hello = conn.hello()
     finally:
         conn.close()
-    assert PROTOCOL == 4 and hello["protocol"] == 4 and hello["pin_share"] == 0.25
+    assert PROTOCOL == 5 and hello["protocol"] == 5 and hello["pin_share"] == 0.25
 
 
 def test_pin_mode_pins_every_turn_for_pin_ttl_s_and_unpin_forgets_it(make: Make) -> None:

@@ -116,3 +116,22 @@ def test_pin_mode_pins_any_pause_for_pin_ttl_s_while_there_is_room() -> None:
 
 def test_no_whole_block_is_dropped() -> None:
     assert choose(replace(FACTS, blocks=0), RULE).answer == "dropped"
+
+
+def test_a_pin_gets_a_parked_copy_behind_it_when_a_park_would_pay_and_the_connector_can() -> None:
+    backs = replace(FACTS, backs_pins=True)
+    choice = choose(backs, RULE)
+    assert choice.answer == "pinned" and choice.backed
+    assert "a parked copy behind it (the copy back" in choice.why
+    unmeasured = choose(replace(backs, prefill_ms_per_token=None), RULE)
+    assert unmeasured.backed and "not measured yet" in unmeasured.why
+    cheap = choose(replace(backs, prefill_ms_per_token=0.001), RULE)  # recompute is cheaper
+    assert cheap.answer == "pinned" and not cheap.backed and "no copy" in cheap.why
+    full = choose(replace(backs, host_room=False), RULE)
+    assert full.answer == "pinned" and not full.backed and "no room" in full.why
+    assert not choose(FACTS, RULE).backed  # a connector before protocol 5: never a copy
+
+
+def test_pin_only_mode_never_copies_behind_its_pins() -> None:
+    choice = choose(replace(FACTS, backs_pins=True), replace(RULE, mode="pin"))
+    assert choice.answer == "pinned" and not choice.backed

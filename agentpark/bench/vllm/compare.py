@@ -59,18 +59,23 @@ def mark_restored(
 
 
 _PRESSURE = "pressure"
+_PIN_COPY = "pin_copy"
+_PIN_COPY_LABEL = "copies behind pins"
 
 
 def decisions(events: Sequence[dict[str, Any]]) -> dict[str, int]:
     """What the daemon did at the turn ends, counted: pinned, parked, dropped, and kept by
-    reason (a pin let go under pressure, then parked or dropped, says so); and how pins
-    ended, by cause (``unpin: return``, ``unpin: timeout``, ``unpin: pressure``, ...)."""
+    reason (a pin let go under pressure, then parked or dropped, says so; a pin's copy
+    taken behind it is ``copies behind pins``, not a park); and how pins ended, by cause
+    (``unpin: return``, ``unpin: timeout``, ``unpin: pressure``, ...)."""
     counts: dict[str, int] = {}
     for event in events:
         kind = event.get("kind")
         why = str(event.get("detail") or "")
         pressure = event.get("reason") == _PRESSURE
-        if kind == "pause":
+        if kind == "pause" and event.get("reason") == _PIN_COPY:
+            label = _PIN_COPY_LABEL  # a pin's copy, not a turn end of its own
+        elif kind == "pause":
             label = "parked (pressure)" if pressure else "parked"
         elif kind == "pin":
             label = "pinned"
@@ -90,7 +95,8 @@ def decisions(events: Sequence[dict[str, Any]]) -> dict[str, int]:
 
 def by_kind(counts: dict[str, int]) -> dict[str, int]:
     """:func:`decisions`' counts folded to the four turn-end answers (pinned, parked,
-    dropped, kept; pressure releases apart as ``released``) and pins ended by cause."""
+    dropped, kept; pressure releases apart as ``released``), the pins with a copy behind
+    them (``copies behind pins``, of the pinned) and pins ended by cause."""
     folded = {"pinned": 0, "parked": 0, "dropped": 0, "kept": 0}
     for label, n in counts.items():
         if label.startswith("unpin: "):
@@ -100,6 +106,8 @@ def by_kind(counts: dict[str, int]) -> dict[str, int]:
             folded[key] = folded.get(key, 0) + n
         elif label.startswith("kept"):
             folded["kept"] += n
+        elif label == _PIN_COPY_LABEL:
+            folded[label] = folded.get(label, 0) + n
         elif label in folded:
             folded[label] += n
     return folded

@@ -29,6 +29,7 @@ from agentpark.enums import State
 from agentpark.errors import AgentparkError
 from agentpark.parking.core import SessionCore
 from agentpark.parking.registry import LiveSession
+from agentpark.tiers.base import HostTier
 
 __all__ = ["ANONYMOUS_PREFIX", "Anonymous", "AnonymousPolicy", "is_anonymous"]
 
@@ -75,6 +76,19 @@ class Anonymous:
             for live in self.sessions(tenant)
             if live.row.session_id != keep and live.keys and live.keys[-1] in chain
         ]
+
+    def supersede(self, live: LiveSession) -> None:
+        """An anonymous conversation's new turn is parked: its older turns go (their
+        blocks are this one's prefix, so they stay in the tier)."""
+        if not is_anonymous(live):
+            return
+        tenant, session_id = live.key
+        for old in self.superseded(tenant, live.keys, session_id):
+            self.drop(tenant, old, "superseded")
+
+    def room(self, candidates: list[HostTier], blocks: int, keep: str) -> list[HostTier]:
+        """The candidates where an anonymous copy of ``blocks`` fits in the share."""
+        return [t for t in candidates if self.make_room(t.name, t.capacity_blocks, blocks, keep)]
 
     def make_room(self, tier_name: str, capacity: int, blocks: int, keep: str) -> bool:
         """Delete the oldest anonymous copies in ``tier_name`` until ``blocks`` more fit in

@@ -49,7 +49,6 @@ from agentpark.parking.external.plans import (
     TurnEndAsk,
 )
 from agentpark.parking.external.turnends import TurnEnds
-from agentpark.parking.registry import LiveSession
 from agentpark.store.models import EventRow
 from agentpark.tiers.base import HostTier
 
@@ -130,6 +129,7 @@ class ExternalManager(Loads):
         again = again and live.tokens == list(tokens) and live.row.state == State.ACTIVE
         reason = Reason.PRESSURE if again else Reason.TURN_END
         pending: list[EventRow] = []
+        pin: Pinned | None = None  # a pin with a copy behind it (the plan's answer says so)
         try:
             if not again:  # a new turn: an open wait or a stale pin record are over
                 self.turn_ends.pins.close_wait(live.key)
@@ -148,7 +148,7 @@ class ExternalManager(Loads):
                 choice = self.turn_ends.choose(live, advice.expected_s, ask, bool(candidates))
                 why, park = choice.why, choice.answer == "parked"
                 if park and anonymous:
-                    candidates = self._anonymous_room(candidates, len(live.block_table), session_id)
+                    candidates = self.anonymous.room(candidates, len(live.block_table), session_id)
                     if not candidates:
                         why = f"{why}; but the anonymous share of the host pool is full: dropped"
                         choice = replace(choice, answer="dropped", why=why)
@@ -159,14 +159,22 @@ class ExternalManager(Loads):
                     self.turn_ends.pin(
                         live, why, choice.pin_ttl_s, tool, choice.expected_s, pending
                     )
-                    core.registry.release(live)
-                    return Pinned(live.row, why, choice.expected_s, choice.pin_ttl_s)
+                    pin = Pinned(live.row, why, choice.expected_s, choice.pin_ttl_s)
+                    pending = []  # committed with the pin
+                    if choice.backed and anonymous:
+                        candidates = self.anonymous.room(
+                            candidates, len(live.block_table), session_id
+                        )
+                    if not choice.backed or not candidates:
+                        core.registry.release(live)
+                        return pin
+                    park, reason = True, Reason.PIN_COPY
                 if choice.answer == "dropped":
                     self.turn_ends.drop(live, why, tool, choice.expected_s, pending, pressure=again)
                     core.registry.release(live)
                     return PauseResult(live.row, Decision.DROPPED, why, choice.expected_s, 0.0)
             elif park and anonymous:
-                candidates = self._anonymous_room(candidates, len(live.block_table), session_id)
+                candidates = self.anonymous.room(candidates, len(live.block_table), session_id)
                 if not candidates:
                     why = "the anonymous share of the host pool is full"
             if not again and not adaptive:
@@ -178,6 +186,9 @@ class ExternalManager(Loads):
             try:
                 dst, slots = core.transitions.begin_park(live, candidates)
             except TierFullError as exc:
+                if pin is not None:  # the pin holds; no copy behind it
+                    core.registry.release(live)
+                    return replace(pin, why=f"{why}; but no copy: {exc.message}")
                 if not adaptive:
                     raise
                 why = f"{why}; but {exc.message}: dropped"
@@ -198,20 +209,13 @@ class ExternalManager(Loads):
             core.mover.checksummed(dst),
             why,
             advice.expected_s,
+            pin,
         )
         with self._plans_lock:
             self._stores[plan.store_id] = StoreInFlight(
                 plan, live.key, dst, tool, pending, owner, reason
             )
         return plan
-
-    def _anonymous_room(self, candidates: list[HostTier], blocks: int, keep: str) -> list[HostTier]:
-        """The candidates where an anonymous copy of ``blocks`` fits in the share."""
-        return [
-            t
-            for t in candidates
-            if self.anonymous.make_room(t.name, t.capacity_blocks, blocks, keep)
-        ]
 
     def complete_store(
         self,
@@ -266,19 +270,10 @@ class ExternalManager(Loads):
                 store.reason,
                 prior=store.pending,
             )
-            self._supersede(live)
+            self.anonymous.supersede(live)
             return PauseResult(row, Decision.PARKED, plan.why, plan.expected_s, ms)
         finally:
             core.registry.release(live)
-
-    def _supersede(self, live: LiveSession) -> None:
-        """An anonymous conversation's new turn is parked: its older turns go (their
-        blocks are this one's prefix, so they stay in the tier)."""
-        if not (live.row.meta or {}).get("anonymous"):
-            return
-        tenant, session_id = live.key
-        for old in self.anonymous.superseded(tenant, live.keys, session_id):
-            self.anonymous.drop(tenant, old, "superseded")
 
     # ---- a request's match: the pause it ends -----------------------------------------------
 

@@ -47,6 +47,8 @@ class StorePlan:
     checksum: bool  # whether the engine must send the digest of each block it copied
     why: str
     expected_s: float | None
+    # A pin with this copy behind it: the engine copies and still holds the blocks.
+    pin: Pinned | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -176,6 +178,7 @@ class TurnEndFacts:
     pinned_blocks: int  # blocks pinned now (before this turn)
     host_room: bool  # the host pool can take the copy
     pressure: bool = False  # a pin being let go: park or drop, never pin
+    backs_pins: bool = False  # the connector copies a pinned turn behind its pin (protocol 5)
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ class TurnEndChoice:
     why: str
     pin_ttl_s: float | None = None  # pinned only
     expected_s: float | None = None  # the expected pause it assumed
+    backed: bool = False  # pinned with a parked copy behind it (a release frees at once)
 
 
 Chooser = Callable[[TurnEndFacts, TurnEndRule], TurnEndChoice]
@@ -203,6 +207,7 @@ class TurnEndAsk:
     prefill_ms_per_token: float | None = None
     overhead_s: float = 0.001  # policy.overhead_s
     quantile: float = 0.5  # policy.tool_quantile, for the global pause
+    backs_pins: bool = False  # the connector copies a pinned turn behind its pin (protocol 5)
 
     @property
     def active(self) -> bool:

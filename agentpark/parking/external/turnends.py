@@ -67,6 +67,7 @@ class TurnEnds:
             pinned_blocks=ask.pinned_blocks,
             host_room=host_room,
             pressure=ask.pressure,
+            backs_pins=ask.backs_pins,
         )
         choice = ask.choose(facts, ask.rule)
         return replace(choice, expected_s=expected_s)
