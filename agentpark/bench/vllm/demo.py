@@ -42,6 +42,16 @@ from agentpark.turns import sees
 __all__ = ["DemoResult", "demo_spec", "run_demo"]
 
 
+DEMO_TOOLS: dict[str, tuple[float, float]] = {
+    "web_search": (6.0, 0.5),
+    "run_tests": (3.0, 0.4),
+    "read_file": (1.0, 0.3),
+    "ask_human": (12.0, 0.6),
+}
+"""The demo's tools: the bench's, with a person who answers in seconds (12 s, not 40 s),
+so three agents' three turns end in about two minutes."""
+
+
 def demo_spec(agents: int = 3, turns: int = 3, seed: int = 4) -> VllmBenchSpec:
     """The demo's workload: first prompts of 1000-1400 tokens (whole blocks to park from
     the first answer on), tool results of 150-300, the bench's tools at 0.3x their median
@@ -56,6 +66,7 @@ def demo_spec(agents: int = 3, turns: int = 3, seed: int = 4) -> VllmBenchSpec:
         result=(150, 300),
         time_scale=0.3,
         reference_kv_gib=1,  # the servers' memory for KV; the blocks are what the demo chose
+        tools=dict(DEMO_TOOLS),
     )
 
 

@@ -4,7 +4,7 @@ pauses, the workload and model sizes, and the KV a token takes in the bench's mo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "BLOCK_SIZE",
@@ -42,12 +42,15 @@ CLIENTS = ("agentpark", "session-id", "none")
 # like vLLM's benchmarks/multi_turn (common prefix, per-conversation prefix, user turns).
 WORKLOADS = ("agents", "shared-prefix", "multi-turn")
 
-# Tool -> (median pause in seconds before time_scale, log-normal sigma).
+# Tool -> (median pause in seconds before time_scale, log-normal sigma). Tools take
+# seconds; a person approving a step takes tens of seconds (ask_human: 20 s at the default
+# time_scale 0.5, four times pin-only's 5 s TTL), which is where keeping a session's KV
+# pinned stops paying and a fixed TTL drops it.
 TOOLS: dict[str, tuple[float, float]] = {
     "web_search": (6.0, 0.5),
     "run_tests": (3.0, 0.4),
     "read_file": (1.0, 0.3),
-    "ask_human": (12.0, 0.6),
+    "ask_human": (40.0, 0.5),
 }
 
 
@@ -82,8 +85,14 @@ class VllmBenchSpec:
     concurrency: int = 2  # multi-turn: clients sending at once (vLLM's --num-clients)
     # The pin run's fixed time-out (s, as the workload runs: pauses already time-scaled):
     # Continuum's rule, one TTL for every tool. 5 s covers the median pause of three of the
-    # four tools at the default time_scale 0.5 (0.5, 1.5, 3 s) and not ask_human's (6 s).
+    # four tools at the default time_scale 0.5 (0.5, 1.5, 3 s) and not ask_human's (20 s).
     pin_ttl_s: float = 5.0
+    # The agents' tools (TOOLS by default; the demo's are shorter, so it ends in minutes).
+    tools: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(TOOLS))
+    # The daemon's [vllm] pin_share for the runs that pin (None: the daemon's default);
+    # ``--pin-share`` sweeps it (how the default was chosen: docs/benchmarks.md).
+    pin_share: float | None = None
+    repeats: int = 1  # every run this many times on the same workload: the noise
 
     @property
     def exact(self) -> bool:
@@ -127,6 +136,10 @@ class VllmBenchSpec:
         ):
             if not 0 < low <= high:
                 wrong.append(f"{name} must be MIN,MAX with 0 < MIN <= MAX, got {low},{high}")
+        if self.pin_share is not None and not 0 <= self.pin_share <= 1:
+            wrong.append(f"--pin-share must be in [0, 1], got {self.pin_share}")
+        if not 1 <= self.repeats <= 20:
+            wrong.append(f"--repeats must be in [1, 20], got {self.repeats}")
         if not 0 < self.pin_ttl_s <= 86_400:
             wrong.append(f"--pin-ttl-s must be in (0, 86400], got {self.pin_ttl_s}")
         if self.workload == "shared-prefix" and self.system_tokens < BLOCK_SIZE:
@@ -141,13 +154,17 @@ class VllmBenchSpec:
 
 def daemon_env(run: str, spec: VllmBenchSpec) -> dict[str, str]:
     """The daemon's environment for an agentpark run: its turn-end rule (none for the
-    ``agentpark`` run: the daemon's default), and the pin run's fixed TTL."""
+    ``agentpark`` run: the daemon's default), the pin run's fixed TTL, and the pinned
+    share when one is given."""
     mode = TURN_ENDS.get(run)
     if mode is None:
-        return {}
+        share = spec.pin_share
+        return {} if share is None else {"AGENTPARK_VLLM__PIN_SHARE": repr(float(share))}
     env = {"AGENTPARK_VLLM__TURN_END": mode}
     if mode == "pin":
         env["AGENTPARK_VLLM__PIN_TTL_S"] = repr(float(spec.pin_ttl_s))
+    if mode != "park" and spec.pin_share is not None:
+        env["AGENTPARK_VLLM__PIN_SHARE"] = repr(float(spec.pin_share))
     return env
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from agentpark.bench.vllm.conversations import make_conversations
 from agentpark.bench.vllm.plan import MESSAGE_OVERHEAD, AgentPlan, Step, prompt_tokens, text_of
-from agentpark.bench.vllm.spec import TOOLS, VllmBenchSpec
+from agentpark.bench.vllm.spec import VllmBenchSpec
 
 __all__ = ["MESSAGE_OVERHEAD", "AgentPlan", "Step", "make_plans", "prompt_tokens", "text_of"]
 
@@ -22,11 +22,11 @@ __all__ = ["MESSAGE_OVERHEAD", "AgentPlan", "Step", "make_plans", "prompt_tokens
 def _tool_steps(
     spec: VllmBenchSpec, tokenizer: Any, rng: random.Random, files: Sequence[Path], agent: int
 ) -> list[Step]:
-    names = sorted(TOOLS)
+    names = sorted(spec.tools)
     steps = []
     for turn in range(spec.turns - 1):
         tool = names[rng.randrange(len(names))]
-        median, sigma = TOOLS[tool]
+        median, sigma = spec.tools[tool]
         pause = min(median * math.exp(rng.gauss(0.0, sigma)), 4 * median)
         steps.append(
             Step(
@@ -49,7 +49,7 @@ def make_plans(spec: VllmBenchSpec, tokenizer: Any) -> list[AgentPlan]:
     if spec.workload == "multi-turn":
         return make_conversations(spec, tokenizer, files)
     rng = random.Random(spec.seed)
-    names = ", ".join(sorted(TOOLS))
+    names = ", ".join(sorted(spec.tools))
     shared = ""
     if spec.workload == "shared-prefix":  # drawn once: every agent sends these very tokens
         shared = f"You edit Python code with tools: {names}.\n"
