@@ -18,7 +18,7 @@ import pytest
 
 from agentpark.enums import State
 from tests.connectors.conftest import TENANT, ControlDaemon
-from tests.connectors.test_pins_flow import Sides, _turn, vllm_daemon
+from tests.connectors.test_pins_flow import Sides, _turn, pin_two, vllm_daemon
 from tests.connectors.test_vllm_sides import BLOCK, Blocks, _step
 
 
@@ -68,12 +68,7 @@ def test_under_pressure_a_copied_pin_is_freed_at_once_with_nothing_to_copy(
 ) -> None:
     sides = Sides(adaptive_daemon, free=8)
     scheduler = sides.scheduler
-    assert sides.finish(_turn("soon", "a", 2, expected=0.5, base=1000), [1, 2])["decision"] == (
-        "pinned"
-    )
-    assert sides.finish(_turn("late", "b", 2, expected=8.0, base=3000), [3, 4])["decision"] == (
-        "pinned"
-    )
+    pin_two(sides, late_s=8.0)
     assert sides.step() == set() and sides.copies.stores == 2  # both copied, both held
     sides.pool.free = 2
     blocked = _turn("new", "c", 3, base=9000)  # needs 4 blocks, 2 free: it got none

@@ -95,6 +95,17 @@ def _turn(
     return _Request(request_id, tokens, params, num_computed_tokens=len(tokens))
 
 
+def pin_two(sides: Sides, late_s: float) -> None:
+    """Session a pinned on blocks 1-2 (back in 0.5 s: request "soon"), then session b on
+    blocks 3-4 (back in ``late_s``: request "late")."""
+    for req, session, expected, base, blocks in (
+        ("soon", "a", 0.5, 1000, [1, 2]),
+        ("late", "b", late_s, 3000, [3, 4]),
+    ):
+        said = sides.finish(_turn(req, session, 2, expected=expected, base=base), blocks)
+        assert said["decision"] == "pinned", said
+
+
 def _events(daemon: ControlDaemon, session_id: str) -> list[str]:
     return daemon.kinds(session_id)
 
@@ -141,12 +152,7 @@ def test_under_pressure_the_latest_return_goes_first_parked_before_any_preemptio
 ) -> None:
     sides = Sides(pin_daemon, free=2)
     scheduler = sides.scheduler
-    assert sides.finish(_turn("soon", "a", 2, expected=0.5, base=1000), [1, 2])["decision"] == (
-        "pinned"
-    )
-    assert sides.finish(_turn("late", "b", 2, expected=20.0, base=3000), [3, 4])["decision"] == (
-        "pinned"
-    )
+    pin_two(sides, late_s=20.0)
     sides.step()
     # Another session's request needs 4 blocks, 2 are free: it got none this step.
     blocked = _turn("new", "c", 3, base=9000)
