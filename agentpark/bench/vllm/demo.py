@@ -48,8 +48,8 @@ DEMO_TOOLS: dict[str, tuple[float, float]] = {
     "read_file": (1.0, 0.3),
     "ask_human": (12.0, 0.6),
 }
-"""The demo's tools: the bench's, with a person who answers in seconds (12 s, not 40 s),
-so three agents' three turns end in about two minutes."""
+"""The demo's tools: the bench's, with a person who answers sooner (12 s, not 24 s),
+so three agents' three turns end in about two minutes (its seed draws fixed pauses)."""
 
 
 def demo_spec(agents: int = 3, turns: int = 3, seed: int = 4) -> VllmBenchSpec:

@@ -43,20 +43,20 @@ CLIENTS = ("agentpark", "session-id", "none")
 WORKLOADS = ("agents", "shared-prefix", "multi-turn")
 
 # Tool -> (median pause in seconds before time_scale, log-normal sigma). Tools take
-# seconds; a person approving a step takes tens of seconds (ask_human: 20 s at the default
-# time_scale 0.5, four times pin-only's 5 s TTL), which is where keeping a session's KV
-# pinned stops paying and a fixed TTL drops it.
+# seconds; a person approving a step takes longer (ask_human: 12 s at the default
+# time_scale 0.5, over twice pin-only's 5 s TTL), which is where a fixed TTL drops a
+# session's KV that a pin sized to the pause (or a park) would have kept.
 TOOLS: dict[str, tuple[float, float]] = {
     "web_search": (6.0, 0.5),
     "run_tests": (3.0, 0.4),
     "read_file": (1.0, 0.3),
-    "ask_human": (40.0, 0.5),
+    "ask_human": (24.0, 0.5),
 }
 
 
 @dataclass(frozen=True)
 class VllmBenchSpec:
-    agents: int = 6  # agents, or conversations of the multi-turn workload
+    agents: int = 8  # agents, or conversations of the multi-turn workload
     turns: int = 4
     seed: int = 0
     context: tuple[int, int] = (1000, 2000)  # first prompt, tokens (agents)
@@ -85,7 +85,7 @@ class VllmBenchSpec:
     concurrency: int = 2  # multi-turn: clients sending at once (vLLM's --num-clients)
     # The pin run's fixed time-out (s, as the workload runs: pauses already time-scaled):
     # Continuum's rule, one TTL for every tool. 5 s covers the median pause of three of the
-    # four tools at the default time_scale 0.5 (0.5, 1.5, 3 s) and not ask_human's (20 s).
+    # four tools at the default time_scale 0.5 (0.5, 1.5, 3 s) and not ask_human's (12 s).
     pin_ttl_s: float = 5.0
     # The agents' tools (TOOLS by default; the demo's are shorter, so it ends in minutes).
     tools: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(TOOLS))
