@@ -167,7 +167,7 @@ def _add_vllm(commands: Commands, bench_sub: Subparsers[argparse.ArgumentParser]
     )
     add = bench_vllm_parser.add_argument
     add("--agents", type=int, default=8, help="concurrent agents, or conversations (default 8)")
-    add("--turns", type=int, default=4, help="turns per agent or conversation (default 4)")
+    add("--turns", type=int, default=5, help="turns per agent or conversation (default 5)")
     add("--seed", type=int, default=0, help="workload seed (default 0)")
     add("--time-scale", type=float, default=0.5, help="multiplies every tool pause (default 0.5)")
     add("--new-tokens", type=int, default=16, help="tokens generated per turn (default 16)")

@@ -160,8 +160,10 @@ def run_vllm_bench(
             if spec.repeats > 1:
                 clock.say(f"repeat {repeat + 1} of {spec.repeats}")
             results = []
+            here = work / f"repeat-{repeat}"  # each repeat's daemons and logs apart
+            here.mkdir()
             for name, client in run_order(runs, spec.clients):
-                results.append(run_one(name, client, Path(model), work, plans, spec, blocks, clock))
+                results.append(run_one(name, client, Path(model), here, plans, spec, blocks, clock))
                 clock.say(f"{results[-1].label}: done in {results[-1].makespan_s:.1f} s")
             repeats.append(results)
             if save_to is not None:  # after each repeat: a stopped bench keeps what it ran

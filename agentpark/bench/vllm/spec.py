@@ -57,7 +57,7 @@ TOOLS: dict[str, tuple[float, float]] = {
 @dataclass(frozen=True)
 class VllmBenchSpec:
     agents: int = 8  # agents, or conversations of the multi-turn workload
-    turns: int = 4
+    turns: int = 5
     seed: int = 0
     context: tuple[int, int] = (1000, 2000)  # first prompt, tokens (agents)
     result: tuple[int, int] = (150, 500)  # each tool result, tokens
