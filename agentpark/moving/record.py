@@ -15,6 +15,7 @@ the session.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
@@ -58,11 +59,17 @@ class MoveRecords:
             )
 
     def mark(self, move_id: str, state: str) -> None:
+        self.mark_many([move_id], state)
+
+    def mark_many(self, move_ids: Sequence[str], state: str) -> None:
+        """Every move of a batch to ``state``, in one transaction."""
+        if not move_ids:
+            return
         finished = time.time() if state == DONE else None
         with self._factory.begin() as db:
             db.execute(
                 update(MoveRow)
-                .where(MoveRow.move_id == move_id)
+                .where(MoveRow.move_id.in_(list(move_ids)))
                 .values(state=state, finished_at=finished)
             )
 
