@@ -4,7 +4,7 @@ until the move is run again, which finds the target owns it and drops it here: o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agentpark.config import Settings
@@ -21,11 +21,11 @@ def test_a_source_that_never_dropped_a_committed_session_holds_it_until_the_move
     park_session(pair.a, "s", "a session caught between two daemons")
     kv = parked_bytes(pair.a, "s")
 
-    def crash(live: LiveSession, peer: str, move_id: str) -> None:
+    def crash(lives: Sequence[LiveSession], peer: str, move_ids: Sequence[str]) -> None:
         raise StorageUnavailableError("the source's disk failed right after the commit")
 
     # The target commits; the source cannot write that it dropped its copy (as if it died).
-    pair.a.runtime.parking.transitions.moved_out = crash  # type: ignore[method-assign]
+    pair.a.runtime.parking.transitions.moved_out_many = crash  # type: ignore[method-assign]
     first = pair.move("s")
     assert first.status_code == 502 and first.json()["error"]["details"]["in_doubt"] is True
     assert pair.b.client.get("/v1/sessions/s").json()["state"] == "parked"  # B owns it
