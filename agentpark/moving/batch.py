@@ -81,12 +81,7 @@ class BatchExporter:
         started = time.perf_counter()
         to = to.rstrip("/")
         outcomes: dict[SessionKey, Outcome] = {}
-        entries: list[_Entry] = []
-        for key in keys:
-            try:
-                entries.append(self._take(key, to))
-            except AgentparkError as exc:
-                outcomes[key] = exc
+        entries = self._take(keys, to, outcomes)
         peer = self.exporter.peer(to, token)
         at = 0
         while at < len(entries):
@@ -105,13 +100,28 @@ class BatchExporter:
             outcomes[e.live.key] = e.outcome
         return [outcomes[k] for k in keys]
 
-    def _take(self, key: SessionKey, to: str) -> _Entry:
+    def _take(
+        self, keys: Sequence[SessionKey], to: str, outcomes: dict[SessionKey, Outcome]
+    ) -> list[_Entry]:
+        """Hold and prepare each session (records and manifests); a refusal into
+        ``outcomes``."""
         exporter = self.exporter
-        live = exporter.take(key, to)
-        move_id, resumed, manifest = exporter.prepare(live, to)
-        tier = exporter.core.tiers.get(live.row.tier or "")
-        size = len(manifest.model_dump_json())
-        return _Entry(live, move_id, resumed, manifest, size, tier)
+        lives: list[LiveSession] = []
+        for key in keys:
+            try:
+                lives.append(exporter.take(key, to))
+            except AgentparkError as exc:
+                outcomes[key] = exc
+        entries: list[_Entry] = []
+        for live, prepared in zip(lives, exporter.prepare_many(lives, to), strict=True):
+            if isinstance(prepared, AgentparkError):
+                outcomes[live.key] = prepared
+                continue
+            move_id, resumed, manifest = prepared
+            tier = exporter.core.tiers.get(live.row.tier or "")
+            size = len(manifest.model_dump_json())
+            entries.append(_Entry(live, move_id, resumed, manifest, size, tier))
+        return entries
 
     def _one(self, live: LiveSession, to: str, token: str) -> Outcome:
         try:

@@ -33,6 +33,7 @@ from agentpark.moving.wire import (
 )
 from agentpark.parking.core import SessionCore
 from agentpark.parking.registry import LiveSession, SessionKey
+from agentpark.store.models import MoveRow
 from agentpark.tiers.base import BackendHeldTier, HostTier
 
 __all__ = ["CHUNK_BYTES", "Exporter", "backoff", "unreachable"]
@@ -127,20 +128,41 @@ class Exporter:
     def prepare(self, live: LiveSession, to: str) -> tuple[str, bool, MoveManifest]:
         """The move's id, whether an earlier attempt is picked up, and its manifest; the
         session is let go when it cannot move."""
-        row = live.row
+        prepared = self.prepare_many([live], to)[0]
+        if isinstance(prepared, AgentparkError):
+            raise prepared
+        return prepared
+
+    def prepare_many(
+        self, lives: Sequence[LiveSession], to: str
+    ) -> list[tuple[str, bool, MoveManifest] | AgentparkError]:
+        """:meth:`prepare` of a batch: one query for their open moves, one transaction
+        for the new records; an error (the session let go) for one that cannot move."""
+        opens = self.records.open_for_many([live.key for live in lives])
+        out: list[tuple[str, bool, MoveManifest] | AgentparkError] = []
+        new: list[tuple[str, str, str]] = []
         try:
-            if row.state != State.PARKED and live.key not in self.held:
-                raise InvalidStateError(
-                    f"only a parked session moves; {row.session_id!r} is {row.state} "
-                    "(pause it first)",
-                    state=row.state,
-                )
-            move_id, resumed = self._record(live, to)
-            return move_id, resumed, self._manifest(live, move_id)
+            for live in lives:
+                try:
+                    move_id, resumed = self._check(live, to, opens.get(live.key))
+                    out.append((move_id, resumed, self._manifest(live, move_id)))
+                except AgentparkError as exc:
+                    out.append(exc)
+                    continue
+                if not resumed:
+                    new.append((move_id, live.row.tenant, live.row.session_id))
+            self.records.start_many(new, to)
         except BaseException:
-            if live.key not in self.held:
-                self.core.registry.release(live)
+            out += [InvalidStateError("not moved")] * (len(lives) - len(out))
+            for live, got in zip(lives, out, strict=True):
+                if not isinstance(got, AgentparkError) and live.key not in self.held:
+                    self.core.registry.release(live)
             raise
+        finally:
+            for live, got in zip(lives, out, strict=False):
+                if isinstance(got, AgentparkError) and live.key not in self.held:
+                    self.core.registry.release(live)
+        return out
 
     def _move(self, live: LiveSession, to: str, token: str) -> MoveOutResult:
         started = time.perf_counter()
@@ -196,9 +218,15 @@ class Exporter:
             log.info("session %s/%s is no longer in doubt: the target did not take it", *live.key)
         self.core.registry.release(live)
 
-    def _record(self, live: LiveSession, to: str) -> tuple[str, bool]:
-        """The move's id: an unfinished one to the same target is picked up."""
-        open_move = self.records.open_for(*live.key)
+    def _check(self, live: LiveSession, to: str, open_move: MoveRow | None) -> tuple[str, bool]:
+        """The move's id, if the session may move: an unfinished one to the same target is
+        picked up (a new one is for the caller to record)."""
+        row = live.row
+        if row.state != State.PARKED and live.key not in self.held:
+            raise InvalidStateError(
+                f"only a parked session moves; {row.session_id!r} is {row.state} (pause it first)",
+                state=row.state,
+            )
         if open_move is not None and open_move.peer == to:
             return open_move.move_id, True
         if open_move is not None and open_move.state == COMMITTING:
@@ -209,9 +237,7 @@ class Exporter:
             )
         if open_move is not None:
             self.records.mark(open_move.move_id, DONE)  # never committed: nothing to undo
-        move_id = uuid.uuid4().hex
-        self.records.start(move_id, live.row.tenant, live.row.session_id, to)
-        return move_id, False
+        return uuid.uuid4().hex, False
 
     def _manifest(self, live: LiveSession, move_id: str) -> MoveManifest:
         row, geometry = live.row, self.core.geometry

@@ -203,9 +203,12 @@ class Importer:
             for pending in sorted(pendings, key=lambda p: p.manifest.move_id):
                 stack.enter_context(pending.lock)  # one order: no two commits deadlock
             ready: list[tuple[Landing, MovedIn]] = []
+            olds = self.core.store.get_many([_key(p.manifest) for p in pendings])
             for pending in pendings:
                 try:
-                    ready.append((pending, self._moved_in(pending)))
+                    ready.append(
+                        (pending, self._moved_in(pending, olds.get(_key(pending.manifest))))
+                    )
                 except AgentparkError as exc:
                     results[pending.manifest.move_id] = exc
             try:
@@ -216,7 +219,7 @@ class Importer:
                 results.update({p.manifest.move_id: self._committed_answer(p) for p, _ in ready})
         return [results[move_id] for move_id in move_ids]
 
-    def _moved_in(self, pending: Landing) -> MovedIn:
+    def _moved_in(self, pending: Landing, old: SessionRow | None) -> MovedIn:
         """What the commit writes of one complete import (refused: incomplete, gone)."""
         if not pending.open:
             raise InvalidRequestError(f"move {pending.manifest.move_id} was given up here")
@@ -229,7 +232,7 @@ class Importer:
         if manifest.next_logits is not None:
             raw = base64.b64decode(manifest.next_logits)
             logits = np.frombuffer(raw, dtype=np.float32).copy()
-        row = self._row(manifest, tokens)
+        row = _row(manifest, tokens, old)
         return MovedIn(
             live=LiveSession(row.row, tokens, logits),
             tier=pending.tier,
@@ -340,23 +343,6 @@ class Importer:
             )
             self.abort(move_id)
 
-    def _row(self, manifest: MoveManifest, tokens: list[int]) -> _NewRow:
-        """The session's row: the one deleted here before (revived), or a new one."""
-        old = self.core.store.get(manifest.tenant, manifest.session_id)
-        if old is not None and old.state != State.DELETED:
-            raise SessionExistsError(manifest.session_id)
-        row = old or SessionRow(session_id=manifest.session_id, tenant=manifest.tenant)
-        row.tier, row.num_tokens = None, len(tokens)  # the transition parks it
-        row.created_at, row.last_active_at = manifest.created_at, manifest.last_active_at
-        row.paused_at, row.pause_count = manifest.paused_at, manifest.pause_count
-        row.tool, row.expected_resume_at = manifest.tool, manifest.expected_resume_at
-        row.meta = dict(manifest.metadata)
-        row.token_log = base64.b64decode(manifest.token_log)
-        row.next_logits = (
-            None if manifest.next_logits is None else base64.b64decode(manifest.next_logits)
-        )
-        return _NewRow(row, old is not None)
-
 
 @dataclass
 class _NewRow:
@@ -370,3 +356,24 @@ def _tokens(manifest: MoveManifest) -> list[int]:
         raise InvalidRequestError("token_log is not int32 values")
     tokens: list[int] = np.frombuffer(raw, dtype="<i4").astype(int).tolist()
     return tokens
+
+
+def _row(manifest: MoveManifest, tokens: list[int], old: SessionRow | None) -> _NewRow:
+    """The session's row: the one deleted here before (revived), or a new one."""
+    if old is not None and old.state != State.DELETED:
+        raise SessionExistsError(manifest.session_id)
+    row = old or SessionRow(session_id=manifest.session_id, tenant=manifest.tenant)
+    row.tier, row.num_tokens = None, len(tokens)  # the transition parks it
+    row.created_at, row.last_active_at = manifest.created_at, manifest.last_active_at
+    row.paused_at, row.pause_count = manifest.paused_at, manifest.pause_count
+    row.tool, row.expected_resume_at = manifest.tool, manifest.expected_resume_at
+    row.meta = dict(manifest.metadata)
+    row.token_log = base64.b64decode(manifest.token_log)
+    row.next_logits = (
+        None if manifest.next_logits is None else base64.b64decode(manifest.next_logits)
+    )
+    return _NewRow(row, old is not None)
+
+
+def _key(manifest: MoveManifest) -> tuple[str, str]:
+    return (manifest.tenant, manifest.session_id)

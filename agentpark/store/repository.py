@@ -185,6 +185,16 @@ class SessionStore:
             )
             return db.scalars(stmt).one_or_none()
 
+    def get_many(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], SessionRow]:
+        """The rows of these ``(tenant, session_id)`` that exist (one query)."""
+        wanted = set(keys)
+        if not wanted:
+            return {}
+        with self._factory() as db:
+            stmt = select(SessionRow).where(SessionRow.session_id.in_({k[1] for k in wanted}))
+            rows = db.scalars(stmt)
+            return {k: r for r in rows if (k := (r.tenant, r.session_id)) in wanted}
+
     def knows_sessions(self) -> bool:
         """Whether the database holds any session row at all (deleted ones included)."""
         with self._engine.connect() as conn:
