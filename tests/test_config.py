@@ -247,6 +247,12 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         "retention.tool_returns_h": "720",
         "retention.deleted_h": "1",
         "retention.batch_rows": "100",
+        "moves.data": "on",
+        "moves.data_port": "8479",
+        "moves.data_connections": "2",
+        "moves.data_idle_s": "5",
+        "moves.ticket_ttl_s": "10",
+        "moves.batch_sessions": "8",
     }
     assert changed.keys() == LEAVES.keys(), "a new key needs a line here"
     defaults = load_settings(EXAMPLE).model_dump()

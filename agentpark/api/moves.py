@@ -25,6 +25,10 @@ from agentpark.errors import (
 from agentpark.moving import MoveService
 from agentpark.moving.wire import (
     BLOCKS_HEADER,
+    BatchBegin,
+    BatchBeginAnswer,
+    BatchCommit,
+    BatchCommitAnswer,
     BeginAnswer,
     ChunkAnswer,
     CommitAnswer,
@@ -72,7 +76,7 @@ def move_session(request: Request, body: MoveOutRequest) -> MoveOutResult:
     answers 507 and the session stays here untouched. A dropped connection is picked up
     again by itself; a move that gave up is picked up by asking again.
     """
-    return _moves(request).exporter.move(body.tenant, body.session_id, body.to, body.to_token)
+    return _moves(request).move(body.tenant, body.session_id, body.to, body.to_token)
 
 
 @router.post("/drain", responses=error_responses(*_SOURCE_ERRORS))
@@ -96,6 +100,28 @@ def begin_import(request: Request, body: MoveManifest) -> BeginAnswer:
     """(Called by a source daemon.) Reserve room for a session by content; the blocks
     this daemon still needs. 507 without room, 409 for another model or layout."""
     return _moves(request).importer.begin(body)
+
+
+@router.post(
+    "/in/batch",
+    responses=error_responses(InvalidRequestError, PayloadTooLargeError),
+)
+def begin_batch(request: Request, body: BatchBegin) -> BatchBeginAnswer:
+    """(Called by a source daemon.) Begin the moves of many sessions: each one's answer,
+    or why it was refused (507, 409, ...), and where ``data`` was asked and this daemon
+    serves its data port, the one-time ticket of a data connection for all their
+    missing blocks."""
+    return _moves(request).imports.begin(body)
+
+
+@router.post(
+    "/in/batch/commit",
+    responses=error_responses(InvalidRequestError, StorageUnavailableError),
+)
+def commit_batch(request: Request, body: BatchCommit) -> BatchCommitAnswer:
+    """(Called by a source daemon.) Park every complete session of the batch here, in
+    one transaction: from now on this daemon owns them. Each one's answer or refusal."""
+    return _moves(request).imports.commit(body)
 
 
 @router.put(

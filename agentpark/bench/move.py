@@ -3,11 +3,12 @@
 Two real daemons (``agentpark serve`` child processes on loopback, agentpark.bench.served),
 each with its own config, state dir, /dev/shm tier and admin token made with the CLI (two
 daemons in threads of one process share its GIL: that measured contention, not the move).
-After one untimed warm-up move, each run parks ``sessions`` sessions of ``tokens`` random
-tokens on A, then drains them to B
-(``POST /v1/moves/drain``: every block read from A's tier, sent over HTTP in chunks,
-verified against its digest and written into B's tier, each session committed on B and
-dropped on A). In the same run a
+After one untimed warm-up drain as large as a run (B's tier, sized for one run, is then
+written once through, as a daemon up a while has it), each run parks ``sessions``
+sessions of ``tokens`` random tokens on A, then drains them to B (``POST
+/v1/moves/drain``: one batch begin, every block sent from A's tier over B's data port
+and verified against its digest as it lands in B's tier, one commit on B and one drop on
+A, each one SQLite transaction). In the same run a
 plain loopback TCP copy moves the same number of bytes between preallocated buffers (the
 floor any move over a socket pays). Printed per run and as medians: the move's bytes per
 second, the socket's, their ratio (taken within one run), and the time the drained host
@@ -106,7 +107,10 @@ def socket_copy_s(nbytes: int, chunk: int) -> float:
     return elapsed
 
 
-def _config(root: Path, name: str, tokens: int, sessions: int, model: dict[str, int]) -> Path:
+def _config(
+    root: Path, name: str, tokens: int, sessions: int, model: dict[str, int], room: int
+) -> Path:
+    """A daemon's config; its shm tier holds ``room`` runs' sessions."""
     probe = load_settings(None, state_dir=root / name, model={**model, "max_seq_len": tokens + 32})
     blocks = -(-tokens // probe.pool.block_size) + 1
     block_bytes = 2 * model["n_layers"] * probe.pool.block_size * model["n_kv_heads"]
@@ -121,7 +125,7 @@ def _config(root: Path, name: str, tokens: int, sessions: int, model: dict[str, 
             "tiers": {
                 "dram": {"capacity": 0},
                 "shm": {
-                    "capacity": 2 * sessions * blocks * block_bytes,
+                    "capacity": room * sessions * blocks * block_bytes,
                     "path": str(root / f"{name}.shm"),
                 },
             },
@@ -158,18 +162,23 @@ def run_move_bench(
     daemons: list[ServedDaemon] = []
     runs: list[MoveRun] = []
     try:
-        a = ServedDaemon(_config(root, "a", tokens, sessions, model))
+        a = ServedDaemon(_config(root, "a", tokens, sessions, model, 2))
         daemons.append(a)
-        b = ServedDaemon(_config(root, "b", tokens, sessions, model))
+        # B's tier holds one run: the warm-up writes every page of it once, so the timed
+        # runs write into memory the kernel has mapped already, as a daemon that has been
+        # up a while does (and as the socket copy's preallocated buffer is); a fresh tier
+        # pays a page fault per 4 KiB page on its first write.
+        b = ServedDaemon(_config(root, "b", tokens, sessions, model, 1))
         daemons.append(b)
         a_token, b_token = a.token, b.token
         with (
             httpx.Client(base_url=a.url, timeout=600, headers=_bearer(a_token)) as on_a,
             httpx.Client(base_url=b.url, timeout=600, headers=_bearer(b_token)) as on_b,
         ):
-            # A first move, not timed: connections, the target's first imports, SQLite's
-            # first writes of the moves table (the first run was 4x slower without it).
-            _one_run(-1, on_a, on_b, b.url, b_token, 1, tokens, rng)
+            # A first drain, not timed, as large as a run: connections, the target's first
+            # imports, SQLite's first writes of the moves table (the first run was 4x
+            # slower without it), B's tier pages touched once.
+            _one_run(-1, on_a, on_b, b.url, b_token, sessions, tokens, rng)
             for run in range(repeats):
                 runs.append(_one_run(run, on_a, on_b, b.url, b_token, sessions, tokens, rng))
     finally:

@@ -216,6 +216,32 @@ class LimitSettings(_Section):
     )
 
 
+class MoveSettings(_Section):
+    """Moves between daemons (agentpark.moving.dataport): the TCP data port a target takes
+    a move's blocks on, off the HTTP body path, and how many sessions a drain hands over
+    per begin and commit."""
+
+    data: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="the data port: auto = on when server.host is a loopback address (the "
+        "blocks go unencrypted, like the REST API itself; a non-loopback API may sit behind "
+        "TLS the data port would bypass), on, off (blocks go in HTTP chunks)",
+    )
+    data_port: int = Field(0, ge=0, le=65535, description="0 picks a free port (advertised)")
+    data_connections: int = Field(
+        4, ge=1, le=256, description="data connections served at once; more are closed"
+    )
+    data_idle_s: float = Field(
+        10.0, gt=0.0, le=3600.0, description="a data connection idle this long is cut"
+    )
+    ticket_ttl_s: float = Field(
+        30.0, gt=0.0, le=3600.0, description="a data ticket unused this long is void"
+    )
+    batch_sessions: int = Field(
+        32, ge=1, le=64, description="sessions a drain moves per begin and commit"
+    )
+
+
 class AuthSettings(_Section):
     """Failed authentications per peer (agentpark.api.auth_limit): past the burst, 429."""
 

@@ -25,6 +25,7 @@ from agentpark.config.sections import (
     IntegritySettings,
     LimitSettings,
     ModelSettings,
+    MoveSettings,
     PolicySettings,
     PoolSettings,
     ReliabilitySettings,
@@ -67,6 +68,7 @@ class Settings(BaseSettings):
     dashboard: DashboardSettings = DashboardSettings()
     vllm: VllmSettings = VllmSettings()
     kv_events: KvEventsSettings = KvEventsSettings()
+    moves: MoveSettings = MoveSettings()
     retention: RetentionSettings = RetentionSettings()
 
     @property

@@ -24,12 +24,19 @@ from agentpark.integrity import block_digests
 from agentpark.moving.blockio import read_blocks
 from agentpark.moving.peer import Peer
 from agentpark.moving.record import COMMITTING, DONE, SENDING, MoveRecords
-from agentpark.moving.wire import LayoutMismatchError, MoveManifest, MoveOutResult, PeerError
+from agentpark.moving.wire import (
+    BeginAnswer,
+    LayoutMismatchError,
+    MoveManifest,
+    MoveOutResult,
+    PeerError,
+)
 from agentpark.parking.core import SessionCore
 from agentpark.parking.registry import LiveSession, SessionKey
+from agentpark.store.models import MoveRow
 from agentpark.tiers.base import BackendHeldTier, HostTier
 
-__all__ = ["CHUNK_BYTES", "Exporter"]
+__all__ = ["CHUNK_BYTES", "Exporter", "backoff", "unreachable"]
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +76,7 @@ class Exporter:
         for peer in peers:
             peer.close()
 
-    def _peer(self, to: str, token: str) -> Peer:
+    def peer(self, to: str, token: str) -> Peer:
         with self._peers_lock:
             peer = self._peers.get((to, token))
             if peer is None:
@@ -98,55 +105,86 @@ class Exporter:
                 )
         return held
 
-    def move(self, tenant: str, session_id: str, to: str, token: str) -> MoveOutResult:
-        """Hand one parked session to ``to``; the session is gone from here on success."""
-        key = (tenant, session_id)
+    def take(self, key: SessionKey, to: str) -> LiveSession:
+        """Hold the session for a move to ``to`` (one held in doubt is held already)."""
         live = self.held.get(key)
         if live is None:
-            live = self.core.live(tenant, session_id)
+            live = self.core.live(*key)
             self.core.registry.acquire(live, f"move to {to}")
+        return live
+
+    def move_taken(self, live: LiveSession, to: str, token: str) -> MoveOutResult:
+        """Hand one held session to ``to`` over the per-session routes (a target without
+        the batch routes); the session is gone from here on success."""
         try:
             result = self._move(live, to, token)
         except _InDoubt as doubt:
-            self.held[key] = live
+            self.held[live.key] = live
             raise doubt.error from None
-        self.held.pop(key, None)
+        self.held.pop(live.key, None)
         self.core.registry.release(live)
         return result
+
+    def prepare(self, live: LiveSession, to: str) -> tuple[str, bool, MoveManifest]:
+        """The move's id, whether an earlier attempt is picked up, and its manifest; the
+        session is let go when it cannot move."""
+        prepared = self.prepare_many([live], to)[0]
+        if isinstance(prepared, AgentparkError):
+            raise prepared
+        return prepared
+
+    def prepare_many(
+        self, lives: Sequence[LiveSession], to: str
+    ) -> list[tuple[str, bool, MoveManifest] | AgentparkError]:
+        """:meth:`prepare` of a batch: one query for their open moves, one transaction
+        for the new records; an error (the session let go) for one that cannot move."""
+        opens = self.records.open_for_many([live.key for live in lives])
+        out: list[tuple[str, bool, MoveManifest] | AgentparkError] = []
+        new: list[tuple[str, str, str]] = []
+        try:
+            for live in lives:
+                try:
+                    move_id, resumed = self._check(live, to, opens.get(live.key))
+                    out.append((move_id, resumed, self._manifest(live, move_id)))
+                except AgentparkError as exc:
+                    out.append(exc)
+                    continue
+                if not resumed:
+                    new.append((move_id, live.row.tenant, live.row.session_id))
+            self.records.start_many(new, to)
+        except BaseException:
+            out += [InvalidStateError("not moved")] * (len(lives) - len(out))
+            for live, got in zip(lives, out, strict=True):
+                if not isinstance(got, AgentparkError) and live.key not in self.held:
+                    self.core.registry.release(live)
+            raise
+        finally:
+            for live, got in zip(lives, out, strict=False):
+                if isinstance(got, AgentparkError) and live.key not in self.held:
+                    self.core.registry.release(live)
+        return out
 
     def _move(self, live: LiveSession, to: str, token: str) -> MoveOutResult:
         started = time.perf_counter()
         row = live.row
         to = to.rstrip("/")
-        try:
-            if row.state != State.PARKED and live.key not in self.held:
-                raise InvalidStateError(
-                    f"only a parked session moves; {row.session_id!r} is {row.state} "
-                    "(pause it first)",
-                    state=row.state,
-                )
-            move_id, resumed = self._record(live, to)
-            manifest = self._manifest(live, move_id)
-        except BaseException:
-            if live.key not in self.held:
-                self.core.registry.release(live)
-            raise
+        move_id, resumed, manifest = self.prepare(live, to)
         tier = self.core.tiers.get(row.tier or "")
-        peer = self._peer(to, token)
+        peer = self.peer(to, token)
         try:
             sent, held, nbytes, retries = self._push(peer, live, tier, manifest)
         except (TierFullError, LayoutMismatchError, InvalidStateError) as exc:
             # Refused before any commit: the target holds nothing; this one keeps it.
             self.records.mark(move_id, DONE)
             peer.abort(move_id)
-            self._let_go(live)
+            self.let_go(live)
             raise exc
         except _InDoubt:
             raise
         except BaseException as exc:
             if isinstance(exc, AgentparkError):  # the target answered: not committed
                 self.records.mark(move_id, SENDING)
-            self._let_go(live)
+            self.let_go(live)
             raise
         try:
             self.core.transitions.moved_out(live, to, move_id)
@@ -174,15 +212,21 @@ class Exporter:
             ms=(time.perf_counter() - started) * 1e3,
         )
 
-    def _let_go(self, live: LiveSession) -> None:
+    def let_go(self, live: LiveSession) -> None:
         """A move that failed before its commit: the session is this daemon's, as it was."""
         if self.held.pop(live.key, None) is not None:
             log.info("session %s/%s is no longer in doubt: the target did not take it", *live.key)
         self.core.registry.release(live)
 
-    def _record(self, live: LiveSession, to: str) -> tuple[str, bool]:
-        """The move's id: an unfinished one to the same target is picked up."""
-        open_move = self.records.open_for(*live.key)
+    def _check(self, live: LiveSession, to: str, open_move: MoveRow | None) -> tuple[str, bool]:
+        """The move's id, if the session may move: an unfinished one to the same target is
+        picked up (a new one is for the caller to record)."""
+        row = live.row
+        if row.state != State.PARKED and live.key not in self.held:
+            raise InvalidStateError(
+                f"only a parked session moves; {row.session_id!r} is {row.state} (pause it first)",
+                state=row.state,
+            )
         if open_move is not None and open_move.peer == to:
             return open_move.move_id, True
         if open_move is not None and open_move.state == COMMITTING:
@@ -193,9 +237,7 @@ class Exporter:
             )
         if open_move is not None:
             self.records.mark(open_move.move_id, DONE)  # never committed: nothing to undo
-        move_id = uuid.uuid4().hex
-        self.records.start(move_id, live.row.tenant, live.row.session_id, to)
-        return move_id, False
+        return uuid.uuid4().hex, False
 
     def _manifest(self, live: LiveSession, move_id: str) -> MoveManifest:
         row, geometry = live.row, self.core.geometry
@@ -238,6 +280,26 @@ class Exporter:
             digests=digests,
         )
 
+    def send_chunks(
+        self,
+        peer: Peer,
+        live: LiveSession,
+        tier: HostTier,
+        move_id: str,
+        answer: BeginAnswer,
+        buf: bytearray,
+    ) -> int:
+        """The missing blocks of ``answer`` in HTTP chunks (a chunk at a time in ``buf``);
+        how many were sent."""
+        block = self.core.geometry.block_nbytes
+        per_chunk = max(1, min(self.chunk_bytes, answer.max_chunk_bytes) // block)
+        sent = 0
+        for idxs in _chunks(answer.missing, per_chunk):
+            data = read_blocks(tier, [live.slots[i] for i in idxs], buf)
+            peer.chunk(move_id, idxs, data)
+            sent += len(idxs)
+        return sent
+
     def _push(
         self, peer: Peer, live: LiveSession, tier: HostTier | None, manifest: MoveManifest
     ) -> tuple[int, int, int, int]:
@@ -256,11 +318,7 @@ class Exporter:
                 if tier is None:  # in doubt and not parked here any more: the target lacks it
                     raise InvalidStateError("the target does not hold this session", peer=peer.url)
                 held = answer.held
-                per_chunk = max(1, min(self.chunk_bytes, answer.max_chunk_bytes) // block)
-                for idxs in _chunks(answer.missing, per_chunk):
-                    data = read_blocks(tier, [live.slots[i] for i in idxs], buf)
-                    peer.chunk(move_id, idxs, data)
-                    sent += len(idxs)
+                sent += self.send_chunks(peer, live, tier, move_id, answer, buf)
                 if not committing:
                     self.records.mark(move_id, COMMITTING)
                     committing = True
@@ -269,16 +327,26 @@ class Exporter:
             except httpx.TransportError as exc:
                 retries += 1
                 if retries > self.retries:
-                    said = (
-                        f"the target {peer.url} could not be reached ({exc!r}); move "
-                        f"{move_id} is kept: run the move again to pick it up"
-                    )
-                    error = PeerError(said, peer=peer.url, move_id=move_id, in_doubt=committing)
+                    error = unreachable(peer.url, move_id, exc, committing)
                     if committing:
                         raise _InDoubt(error) from exc
                     raise error from exc
                 log.info("move %s: %r; asking %s what it still lacks", move_id, exc, peer.url)
-                time.sleep(min(2.0, 0.05 * 2**retries))
+                backoff(retries)
+
+
+def unreachable(url: str, move_id: str, exc: Exception, committing: bool) -> PeerError:
+    """A move that gave up on a dropped connection (kept, to be picked up)."""
+    said = (
+        f"the target {url} could not be reached ({exc!r}); move "
+        f"{move_id} is kept: run the move again to pick it up"
+    )
+    return PeerError(said, peer=url, move_id=move_id, in_doubt=committing)
+
+
+def backoff(retries: int) -> None:
+    """The pause before the ``retries``-th try after a dropped connection."""
+    time.sleep(min(2.0, 0.05 * 2**retries))
 
 
 class _InDoubt(Exception):

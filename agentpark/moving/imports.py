@@ -11,18 +11,24 @@ source sends the move again from the start.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from agentpark.enums import EventKind, State, TierChoice
-from agentpark.errors import InvalidRequestError, NotReadyError, SessionExistsError
-from agentpark.moving.blockio import wire_digest, write_blocks
+from agentpark.errors import (
+    AgentparkError,
+    InvalidRequestError,
+    NotReadyError,
+    SessionExistsError,
+)
+from agentpark.moving.landing import Landing
 from agentpark.moving.wire import (
     BeginAnswer,
     ChunkAnswer,
@@ -32,10 +38,9 @@ from agentpark.moving.wire import (
 )
 from agentpark.parking.core import SessionCore
 from agentpark.parking.registry import LiveSession
-from agentpark.parking.transitions.moves import move_detail
+from agentpark.parking.transitions.moves import MovedIn, move_detail
 from agentpark.store.models import SessionRow
 from agentpark.tiers.base import BackendHeldTier, HostTier
-from agentpark.tiers.slots import Reservation
 
 __all__ = ["IDLE_S", "MAX_OPEN", "Importer"]
 
@@ -49,33 +54,13 @@ _BODY_SLACK = 4096
 _DONE_KEPT = 4096
 
 
-@dataclass
-class _Import:
-    manifest: MoveManifest
-    tier: HostTier
-    reservation: Reservation
-    keys: list[Hashable | None]
-    received: set[int] = field(default_factory=set)
-    written: int = 0
-    touched: float = field(default_factory=time.monotonic)
-    started: float = field(default_factory=time.perf_counter)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def owner(self) -> tuple[str, str]:
-        return ("move", self.manifest.move_id)
-
-    def missing(self) -> list[int]:
-        return [i for i in self.reservation.to_copy if i not in self.received]
-
-
 class Importer:
     """Imports into one session core's tiers (persistent ones first)."""
 
     def __init__(self, core: SessionCore, max_body_bytes: int) -> None:
         self.core = core
         self._max_body_bytes = max_body_bytes
-        self._open: dict[str, _Import] = {}
+        self._open: dict[str, Landing] = {}
         self._done: OrderedDict[str, CommitAnswer] = OrderedDict()  # answers to a retry
         self._lock = threading.Lock()
 
@@ -115,7 +100,7 @@ class Importer:
             max_chunk_bytes=self.max_chunk_bytes,
         )
 
-    def _reserve(self, manifest: MoveManifest) -> _Import:
+    def _reserve(self, manifest: MoveManifest) -> Landing:
         self._check_layout(manifest)
         if self.core.registry.find((manifest.tenant, manifest.session_id)) is not None:
             raise SessionExistsError(manifest.session_id)
@@ -135,7 +120,7 @@ class Importer:
             candidates = [t for t in self._candidates() if not isinstance(t, BackendHeldTier)]
             owner = ("move", manifest.move_id)
             tier, reservation = self.core.mover.reserve(owner, candidates, keys)  # 507
-            pending = _Import(manifest, tier, reservation, keys)
+            pending = Landing(manifest, tier, reservation, keys)
             self._open[manifest.move_id] = pending
         return pending
 
@@ -182,99 +167,130 @@ class Importer:
             raise InvalidRequestError(
                 f"{len(body)} bytes for {len(indices)} blocks of {block} bytes"
             )
-        view = memoryview(body)
-        res, digests = pending.reservation, pending.manifest.digests
-        with pending.lock:
-            fresh = set(res.to_copy)
-            for pos, i in enumerate(indices):
-                if i not in fresh:
-                    raise InvalidRequestError(f"block {i} is not one this move needs")
-                got = wire_digest(view[pos * block : (pos + 1) * block])
-                if got != digests[i]:
-                    raise InvalidRequestError(
-                        f"block {i} failed its checksum on arrival ({got} != {digests[i]}); "
-                        "nothing of this chunk was kept",
-                        block=i,
-                    )
-            # A retry of a chunk that landed: what was written is written once.
-            at = [pos for pos, i in enumerate(indices) if i not in pending.received]
-            new = [indices[pos] for pos in at]
-            write_blocks(pending.tier, [res.slots[i] for i in new], view, at)
-            pending.received.update(new)
-            pending.written += len(new)
-            pending.touched = time.monotonic()
-            return ChunkAnswer(
-                move_id=move_id, received=len(pending.received), missing=len(pending.missing())
-            )
+        pending.take_chunk(indices, body, block)
+        return ChunkAnswer(
+            move_id=move_id, received=len(pending.received), missing=len(pending.missing())
+        )
 
     # ---- commit and abort ------------------------------------------------------------------
 
     def commit(self, move_id: str) -> CommitAnswer:
         """Write the session parked here (one write with its ``moved_in`` event); from then
         on this daemon owns it. A commit asked again after it succeeded answers the same."""
-        with self._lock:
-            pending = self._open.get(move_id)
-        if pending is None:
-            return self._commit_again(move_id)
-        with pending.lock:
-            missing = pending.missing()
-            if missing:
-                raise InvalidRequestError(
-                    f"{len(missing)} blocks still missing", missing=len(missing)
-                )
-            manifest, tier, res = pending.manifest, pending.tier, pending.reservation
-            tier.flush()
-            tokens = _tokens(manifest)
-            logits = None
-            if manifest.next_logits is not None:
-                raw = base64.b64decode(manifest.next_logits)
-                logits = np.frombuffer(raw, dtype=np.float32).copy()
-            row = self._row(manifest, tokens)
-            live = LiveSession(row.row, tokens, logits)
-            digests: list[str | None] = list(manifest.digests)
-            block = self.core.geometry.block_nbytes
-            with self.core.registry.adding() as sessions:
-                if live.key in sessions:
-                    raise SessionExistsError(manifest.session_id)
-                self.core.transitions.moved_in(
-                    live,
-                    tier,
-                    res.slots,
-                    pending.keys,
-                    digests,
-                    manifest.source,
-                    move_id,
-                    pending.written * block,
-                    (time.perf_counter() - pending.started) * 1e3,
-                    row.revive,
-                )  # refused (503): the import stays open, its blocks kept, for a retry
-                by_slot: dict[int, str | None] = {res.slots[i]: digests[i] for i in res.to_copy}
-                # Routers hear the session, not the import, as these blocks' owner.
-                tier.seal(pending.owner, by_slot, announce_as=live.key)
-                tier.hold(live.key, res.slots)
-                tier.free(pending.owner)
-                self.core.registry.add(live)
+        answer = self.commit_many([move_id])[0]
+        if isinstance(answer, AgentparkError):
+            raise answer
+        return answer
+
+    def commit_many(self, move_ids: Sequence[str]) -> list[CommitAnswer | AgentparkError]:
+        """Commit every complete import of ``move_ids`` in ONE SQLite transaction (each row
+        PARKED with its ``moved_in`` event); an answer or a refusal per move, in order.
+        Refused by the database (503): nothing is committed, every import stays open with
+        its blocks for a retry."""
+        results: dict[str, CommitAnswer | AgentparkError] = {}
+        pendings: list[Landing] = []
+        for move_id in dict.fromkeys(move_ids):
             with self._lock:
-                self._open.pop(move_id, None)
-            while len(self._done) >= _DONE_KEPT:
-                self._done.popitem(last=False)
-            self._done[move_id] = CommitAnswer(
-                move_id=move_id,
-                session_id=manifest.session_id,
-                tier=tier.name,
-                blocks=len(res.slots),
-                blocks_received=pending.written,
-            )
-            log.info(
-                "moved in %s/%s from %s (move %s): %d blocks, %d received",
-                manifest.tenant,
-                manifest.session_id,
-                manifest.source,
-                move_id,
-                len(res.slots),
-                pending.written,
-            )
-            return self._done[move_id]
+                pending = self._open.get(move_id)
+            if pending is not None:
+                pendings.append(pending)
+                continue
+            try:
+                results[move_id] = self._commit_again(move_id)
+            except AgentparkError as exc:
+                results[move_id] = exc
+        with contextlib.ExitStack() as stack:
+            for pending in sorted(pendings, key=lambda p: p.manifest.move_id):
+                stack.enter_context(pending.lock)  # one order: no two commits deadlock
+            ready: list[tuple[Landing, MovedIn]] = []
+            olds = self.core.store.get_many([_key(p.manifest) for p in pendings])
+            for pending in pendings:
+                try:
+                    ready.append(
+                        (pending, self._moved_in(pending, olds.get(_key(pending.manifest))))
+                    )
+                except AgentparkError as exc:
+                    results[pending.manifest.move_id] = exc
+            try:
+                self._write(ready)
+            except AgentparkError as exc:
+                results.update({p.manifest.move_id: exc for p, _ in ready})
+            else:
+                results.update({p.manifest.move_id: self._committed_answer(p) for p, _ in ready})
+        return [results[move_id] for move_id in move_ids]
+
+    def _moved_in(self, pending: Landing, old: SessionRow | None) -> MovedIn:
+        """What the commit writes of one complete import (refused: incomplete, gone)."""
+        if not pending.open:
+            raise InvalidRequestError(f"move {pending.manifest.move_id} was given up here")
+        missing = pending.missing()
+        if missing:
+            raise InvalidRequestError(f"{len(missing)} blocks still missing", missing=len(missing))
+        manifest = pending.manifest
+        tokens = _tokens(manifest)
+        logits = None
+        if manifest.next_logits is not None:
+            raw = base64.b64decode(manifest.next_logits)
+            logits = np.frombuffer(raw, dtype=np.float32).copy()
+        row = _row(manifest, tokens, old)
+        return MovedIn(
+            live=LiveSession(row.row, tokens, logits),
+            tier=pending.tier,
+            slots=pending.reservation.slots,
+            keys=pending.keys,
+            digests=list(manifest.digests),
+            peer=manifest.source,
+            move_id=manifest.move_id,
+            nbytes=pending.written * self.core.geometry.block_nbytes,
+            duration_ms=(time.perf_counter() - pending.started) * 1e3,
+            revive=row.revive,
+        )
+
+    def _write(self, ready: list[tuple[Landing, MovedIn]]) -> None:
+        """The batch's rows in one transaction, then each session's slots and registry."""
+        if not ready:
+            return
+        for tier in {id(p.tier): p.tier for p, _ in ready}.values():
+            tier.flush()
+        with self.core.registry.adding() as sessions:
+            keys = [m.live.key for _, m in ready]
+            taken = [k for k in keys if k in sessions] or [k for k in keys if keys.count(k) > 1]
+            if taken:
+                raise SessionExistsError(taken[0][1])
+            self.core.transitions.moved_in_many([m for _, m in ready])  # 503: kept open
+            for pending, moved in ready:
+                res, live = pending.reservation, moved.live
+                by_slot = {res.slots[i]: moved.digests[i] for i in res.to_copy}
+                # Routers hear the session, not the import, as these blocks' owner.
+                pending.tier.seal(pending.owner, by_slot, announce_as=live.key)
+                pending.tier.hold(live.key, res.slots)
+                pending.tier.free(pending.owner)
+                self.core.registry.add(live)
+
+    def _committed_answer(self, pending: Landing) -> CommitAnswer:
+        manifest, res = pending.manifest, pending.reservation
+        move_id = manifest.move_id
+        with self._lock:
+            self._open.pop(move_id, None)
+        while len(self._done) >= _DONE_KEPT:
+            self._done.popitem(last=False)
+        self._done[move_id] = CommitAnswer(
+            move_id=move_id,
+            session_id=manifest.session_id,
+            tier=pending.tier.name,
+            blocks=len(res.slots),
+            blocks_received=pending.written,
+        )
+        log.info(
+            "moved in %s/%s from %s (move %s): %d blocks, %d received",
+            manifest.tenant,
+            manifest.session_id,
+            manifest.source,
+            move_id,
+            len(res.slots),
+            pending.written,
+        )
+        return self._done[move_id]
 
     def _commit_again(self, move_id: str) -> CommitAnswer:
         done = self._done.get(move_id)
@@ -295,6 +311,7 @@ class Importer:
         with self._lock:
             pending = self._open.pop(move_id, None)
         if pending is not None:
+            pending.close()  # a landing in progress ends first: its slots stay its own
             pending.tier.free(pending.owner)
 
     def close(self) -> None:
@@ -305,9 +322,13 @@ class Importer:
 
     # ---- inside ----------------------------------------------------------------------------
 
-    def _pending(self, move_id: str) -> _Import:
+    def landing(self, move_id: str) -> Landing | None:
+        """An open import's landing (the data port writes into it), or None."""
         with self._lock:
-            pending = self._open.get(move_id)
+            return self._open.get(move_id)
+
+    def _pending(self, move_id: str) -> Landing:
+        pending = self.landing(move_id)
         if pending is None:
             raise InvalidRequestError(f"no open move {move_id} here: begin it again")
         return pending
@@ -322,23 +343,6 @@ class Importer:
             )
             self.abort(move_id)
 
-    def _row(self, manifest: MoveManifest, tokens: list[int]) -> _NewRow:
-        """The session's row: the one deleted here before (revived), or a new one."""
-        old = self.core.store.get(manifest.tenant, manifest.session_id)
-        if old is not None and old.state != State.DELETED:
-            raise SessionExistsError(manifest.session_id)
-        row = old or SessionRow(session_id=manifest.session_id, tenant=manifest.tenant)
-        row.tier, row.num_tokens = None, len(tokens)  # the transition parks it
-        row.created_at, row.last_active_at = manifest.created_at, manifest.last_active_at
-        row.paused_at, row.pause_count = manifest.paused_at, manifest.pause_count
-        row.tool, row.expected_resume_at = manifest.tool, manifest.expected_resume_at
-        row.meta = dict(manifest.metadata)
-        row.token_log = base64.b64decode(manifest.token_log)
-        row.next_logits = (
-            None if manifest.next_logits is None else base64.b64decode(manifest.next_logits)
-        )
-        return _NewRow(row, old is not None)
-
 
 @dataclass
 class _NewRow:
@@ -352,3 +356,24 @@ def _tokens(manifest: MoveManifest) -> list[int]:
         raise InvalidRequestError("token_log is not int32 values")
     tokens: list[int] = np.frombuffer(raw, dtype="<i4").astype(int).tolist()
     return tokens
+
+
+def _row(manifest: MoveManifest, tokens: list[int], old: SessionRow | None) -> _NewRow:
+    """The session's row: the one deleted here before (revived), or a new one."""
+    if old is not None and old.state != State.DELETED:
+        raise SessionExistsError(manifest.session_id)
+    row = old or SessionRow(session_id=manifest.session_id, tenant=manifest.tenant)
+    row.tier, row.num_tokens = None, len(tokens)  # the transition parks it
+    row.created_at, row.last_active_at = manifest.created_at, manifest.last_active_at
+    row.paused_at, row.pause_count = manifest.paused_at, manifest.pause_count
+    row.tool, row.expected_resume_at = manifest.tool, manifest.expected_resume_at
+    row.meta = dict(manifest.metadata)
+    row.token_log = base64.b64decode(manifest.token_log)
+    row.next_logits = (
+        None if manifest.next_logits is None else base64.b64decode(manifest.next_logits)
+    )
+    return _NewRow(row, old is not None)
+
+
+def _key(manifest: MoveManifest) -> tuple[str, str]:
+    return (manifest.tenant, manifest.session_id)

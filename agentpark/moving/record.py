@@ -15,10 +15,11 @@ the session.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import sessionmaker
 
 from agentpark.store.models import MoveRow
 
@@ -45,47 +46,63 @@ class MoveRecords:
         self.engine.dispose()
 
     def start(self, move_id: str, tenant: str, session_id: str, peer: str) -> None:
+        self.start_many([(move_id, tenant, session_id)], peer)
+
+    def start_many(self, moves: Sequence[tuple[str, str, str]], peer: str) -> None:
+        """``(move id, tenant, session id)`` of a batch to ``peer``, in one transaction."""
+        if not moves:
+            return
+        now = time.time()
         with self._factory.begin() as db:
-            db.add(
+            db.add_all(
                 MoveRow(
                     move_id=move_id,
                     tenant=tenant,
                     session_id=session_id,
                     peer=peer,
                     state=SENDING,
-                    started_at=time.time(),
+                    started_at=now,
                 )
+                for move_id, tenant, session_id in moves
             )
 
     def mark(self, move_id: str, state: str) -> None:
+        self.mark_many([move_id], state)
+
+    def mark_many(self, move_ids: Sequence[str], state: str) -> None:
+        """Every move of a batch to ``state``, in one transaction."""
+        if not move_ids:
+            return
         finished = time.time() if state == DONE else None
         with self._factory.begin() as db:
             db.execute(
                 update(MoveRow)
-                .where(MoveRow.move_id == move_id)
+                .where(MoveRow.move_id.in_(list(move_ids)))
                 .values(state=state, finished_at=finished)
             )
 
     def open_for(self, tenant: str, session_id: str) -> MoveRow | None:
         """The session's move not done, if any (the newest)."""
+        return self.open_for_many([(tenant, session_id)]).get((tenant, session_id))
+
+    def open_for_many(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], MoveRow]:
+        """Each session's newest move not done, of those that have one (one query)."""
+        wanted = set(keys)
+        found: dict[tuple[str, str], MoveRow] = {}
+        if not wanted:
+            return found
+        stmt = (
+            select(MoveRow)
+            .where(MoveRow.state != DONE, MoveRow.session_id.in_({k[1] for k in wanted}))
+            .order_by(MoveRow.started_at)
+        )
         with self._factory() as db:
-            return _first(db, tenant, session_id)
+            for row in db.scalars(stmt):
+                if (row.tenant, row.session_id) in wanted:
+                    found[row.tenant, row.session_id] = row  # the newest last
+        return found
 
     def unfinished(self) -> list[MoveRow]:
         with self._factory() as db:
             stmt = select(MoveRow).where(MoveRow.state != DONE).order_by(MoveRow.started_at)
             return list(db.scalars(stmt))
-
-
-def _first(db: Session, tenant: str, session_id: str) -> MoveRow | None:
-    stmt = (
-        select(MoveRow)
-        .where(
-            MoveRow.tenant == tenant,
-            MoveRow.session_id == session_id,
-            MoveRow.state != DONE,
-        )
-        .order_by(MoveRow.started_at.desc())
-        .limit(1)
-    )
-    return db.scalars(stmt).first()

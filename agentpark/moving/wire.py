@@ -9,9 +9,14 @@ from pydantic import BaseModel, Field
 from agentpark.errors import AgentparkError, ConflictError
 
 __all__ = [
+    "BatchBegin",
+    "BatchBeginAnswer",
+    "BatchCommit",
+    "BatchCommitAnswer",
     "BeginAnswer",
     "ChunkAnswer",
     "CommitAnswer",
+    "DataOffer",
     "DrainToRequest",
     "DrainToResult",
     "LayoutMismatchError",
@@ -20,6 +25,7 @@ __all__ = [
     "MoveOutRequest",
     "MoveOutResult",
     "PeerError",
+    "Refusal",
 ]
 
 BLOCKS_HEADER = "X-Agentpark-Blocks"
@@ -85,6 +91,59 @@ class CommitAnswer(BaseModel):
     blocks_received: int = Field(description="blocks this move wrote (each once)")
 
 
+MAX_BATCH = 64
+"""Sessions one batch begin or commit names at most (the target's open imports, too)."""
+
+
+class Refusal(BaseModel):
+    """One session of a batch the target refused (the error it would have answered)."""
+
+    status: int
+    code: str
+    message: str
+
+
+class BatchBegin(BaseModel):
+    manifests: list[MoveManifest] = Field(min_length=1, max_length=MAX_BATCH)
+    data: bool = Field(False, description="the source can send on the data port")
+
+
+class BeginItem(BaseModel):
+    move_id: str
+    begin: BeginAnswer | None = None
+    refused: Refusal | None = None
+
+
+class DataOffer(BaseModel):
+    """Where and how to send the batch's missing blocks off the HTTP path
+    (agentpark.moving.dataport): one connection, the ticket first, then every missing
+    block of the batch in the order of its items and their ``missing`` lists."""
+
+    port: int
+    ticket: str
+    expires_s: float
+    nbytes: int = Field(description="exactly what the connection may carry")
+
+
+class BatchBeginAnswer(BaseModel):
+    items: list[BeginItem]
+    data: DataOffer | None = None
+
+
+class BatchCommit(BaseModel):
+    move_ids: list[str] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class CommitItem(BaseModel):
+    move_id: str
+    commit: CommitAnswer | None = None
+    refused: Refusal | None = None
+
+
+class BatchCommitAnswer(BaseModel):
+    items: list[CommitItem]
+
+
 class MoveOutRequest(BaseModel):
     tenant: str = Field("default", min_length=1, max_length=128)
     session_id: str = Field(min_length=1, max_length=128)
@@ -103,6 +162,7 @@ class MoveOutResult(BaseModel):
     bytes_sent: int
     retries: int = Field(description="connections dropped and picked up again")
     resumed: bool = Field(description="an earlier attempt of this move was picked up")
+    data_port: bool = Field(False, description="its blocks went over the target's data port")
     ms: float
 
 
@@ -122,5 +182,6 @@ class DrainToResult(BaseModel):
     moved: int
     bytes_sent: int
     not_parked: int = Field(description="live sessions left here: not parked")
+    data_port: int = Field(0, description="sessions whose blocks went over the data port")
     failed: list[MoveFailure]
     ms: float

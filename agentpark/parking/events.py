@@ -90,14 +90,22 @@ class EventLog:
 
         Refused by the database: the row is put back as last written, and it raises.
         """
-        self._stamp(row, events)
+        self.commit_many([(row, events, False)])
+
+    def commit_many(self, items: Sequence[tuple[SessionRow, Sequence[EventRow], bool]]) -> None:
+        """Several rows with their events in one transaction (SessionStore.write_many),
+        then notify. Refused: every row is put back as last written, and it raises."""
+        for row, events, _ in items:
+            self._stamp(row, events)
         try:
-            self.store.save(row, *events)
+            self.store.write_many(items)
         except StorageUnavailableError:
-            self.store.revert(row)
+            for row, _, _ in items:
+                self.store.revert(row)
             raise
-        for event in events:
-            self._notify(event)
+        for _, events, _ in items:
+            for event in events:
+                self._notify(event)
 
     def commit_at_startup(self, row: SessionRow, *events: EventRow) -> None:
         """Like commit, before any listener exists: kept for listeners added later."""

@@ -138,28 +138,37 @@ class SessionStore:
 
         Raises sqlalchemy's IntegrityError when (tenant, session_id) exists already.
         """
-        values = {attr: getattr(row, attr) for attr, _ in _SESSION_FIELDS}
-        with self._writing() as conn:
-            by_column = _by_column(values, _SESSION_FIELDS)
-            row.seq = self._prepared.insert(conn, _SESSIONS, "seq", by_column)
-            self._insert_events(conn, row.seq, (event,))
-        setattr(row, _WRITTEN, values)
+        self.write_many([(row, (event,), True)])
 
     def save(self, row: SessionRow, *events: EventRow) -> None:
         """Write the row's changed columns and the events that explain them, atomically."""
-        values = {attr: getattr(row, attr) for attr, _ in _SESSION_FIELDS}
-        written: dict[str, Any] | None = getattr(row, _WRITTEN, None)
-        changed = (
-            values
-            if written is None
-            else {k: v for k, v in values.items() if k not in written or written[k] != v}
-        )
+        self.write_many([(row, events, False)])
+
+    def write_many(self, items: Sequence[tuple[SessionRow, Sequence[EventRow], bool]]) -> None:
+        """Rows with their events, in ONE transaction (all or none): ``(row, events,
+        insert)``, a new row inserted (``seq`` set) or a known one's changed columns
+        written. A batch of moves commits its sessions this way."""
+        written: list[dict[str, Any]] = []
         with self._writing() as conn:
-            if changed:
-                by_column = _by_column(changed, _SESSION_FIELDS)
-                self._prepared.update(conn, _SESSIONS, "seq", row.seq, by_column)
-            self._insert_events(conn, row.seq, events)
-        setattr(row, _WRITTEN, values)
+            for row, events, new in items:
+                values = {attr: getattr(row, attr) for attr, _ in _SESSION_FIELDS}
+                if new:
+                    by_column = _by_column(values, _SESSION_FIELDS)
+                    row.seq = self._prepared.insert(conn, _SESSIONS, "seq", by_column)
+                else:
+                    last: dict[str, Any] | None = getattr(row, _WRITTEN, None)
+                    changed = (
+                        values
+                        if last is None
+                        else {k: v for k, v in values.items() if k not in last or last[k] != v}
+                    )
+                    if changed:
+                        by_column = _by_column(changed, _SESSION_FIELDS)
+                        self._prepared.update(conn, _SESSIONS, "seq", row.seq, by_column)
+                self._insert_events(conn, row.seq, events)
+                written.append(values)
+        for (row, _, _), values in zip(items, written, strict=True):
+            setattr(row, _WRITTEN, values)
 
     def _insert_events(
         self, conn: Connection, session_seq: int, events: Sequence[EventRow]
@@ -175,6 +184,16 @@ class SessionStore:
                 SessionRow.tenant == tenant, SessionRow.session_id == session_id
             )
             return db.scalars(stmt).one_or_none()
+
+    def get_many(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], SessionRow]:
+        """The rows of these ``(tenant, session_id)`` that exist (one query)."""
+        wanted = set(keys)
+        if not wanted:
+            return {}
+        with self._factory() as db:
+            stmt = select(SessionRow).where(SessionRow.session_id.in_({k[1] for k in wanted}))
+            rows = db.scalars(stmt)
+            return {k: r for r in rows if (k := (r.tenant, r.session_id)) in wanted}
 
     def knows_sessions(self) -> bool:
         """Whether the database holds any session row at all (deleted ones included)."""

@@ -56,7 +56,7 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def write_config(path: Path, settings: Settings) -> Path:
     """The settings as a TOML file a child process can read."""
     lines = [f'state_dir = "{settings.state_dir}"']
-    for section in ("model", "pool", "limits", "integrity", "shutdown", "policy"):
+    for section in ("model", "pool", "limits", "integrity", "shutdown", "policy", "moves"):
         lines.append(f"[{section}]")
         for key, value in getattr(settings, section).model_dump().items():
             lines.append(f"{key} = {_toml(value)}")

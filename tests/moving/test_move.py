@@ -13,6 +13,7 @@ from tests.moving.pair import make_pair, park_session, parked_bytes
 from tests.moving.proxy import CuttingProxy
 
 STEP = {"max_new_tokens": 12, "return_logits": True}
+HTTP_ONLY = {"moves": {"data": "off"}}  # blocks in HTTP chunks (the fallback): the proxy cuts them
 
 
 def test_a_second_session_with_the_same_prefix_sends_only_what_b_lacks(
@@ -40,7 +41,7 @@ LONG_PROMPT = "a long agent context, " * 8  # 176 tokens + 20 generated: 13 bloc
 def test_a_move_cut_mid_stream_is_picked_up_and_sends_each_block_once(
     tmp_path: Path, shm_dir: Path, daemon_factory: Callable[[Settings], Daemon]
 ) -> None:
-    pair = make_pair(tmp_path, shm_dir, daemon_factory)
+    pair = make_pair(tmp_path, shm_dir, daemon_factory, HTTP_ONLY)
     park_session(pair.a, "long", LONG_PROMPT)
     kv = parked_bytes(pair.a, "long")
     exporter = pair.a.app.state.moves.exporter
@@ -85,7 +86,7 @@ def test_a_move_cut_mid_stream_is_picked_up_and_sends_each_block_once(
 def test_a_dropped_connection_is_picked_up_within_one_move(
     tmp_path: Path, shm_dir: Path, daemon_factory: Callable[[Settings], Daemon]
 ) -> None:
-    pair = make_pair(tmp_path, shm_dir, daemon_factory)
+    pair = make_pair(tmp_path, shm_dir, daemon_factory, HTTP_ONLY)
     park_session(pair.a, "long", LONG_PROMPT)
     kv = parked_bytes(pair.a, "long")
     block = pair.a.runtime.parking.geometry.block_nbytes
@@ -101,7 +102,7 @@ def test_a_dropped_connection_is_picked_up_within_one_move(
 def test_a_move_picked_up_after_the_session_was_parked_again_sends_the_new_copy(
     tmp_path: Path, shm_dir: Path, daemon_factory: Callable[[Settings], Daemon]
 ) -> None:
-    pair = make_pair(tmp_path, shm_dir, daemon_factory)
+    pair = make_pair(tmp_path, shm_dir, daemon_factory, HTTP_ONLY)
     park_session(pair.a, "long", LONG_PROMPT)
     exporter = pair.a.app.state.moves.exporter
     block = pair.a.runtime.parking.geometry.block_nbytes

@@ -43,6 +43,7 @@ def test_a_session_moved_between_processes_restores_bit_exact_on_b_and_is_gone_f
     result = moved.json()
     assert result["blocks"] == before["kv_blocks"] == result["blocks_sent"]
     assert result["bytes_sent"] == result["blocks"] * BLOCK
+    assert result["data_port"] is True  # B's data port: loopback, on by default
 
     on_b = b.client.get("/v1/sessions/agent-1").json()
     assert on_b["state"] == "parked" and on_b["tier"] == "shm"
@@ -65,7 +66,8 @@ def test_a_move_between_processes_cut_mid_stream_is_picked_up_and_sends_each_blo
     tmp_path: Path, shm_dir: Path, daemon_process: Starter
 ) -> None:
     # B takes one block per request: the cut lands between two of them.
-    one_block = {"limits": {"max_body_bytes": 4096 + BLOCK}}
+    # In HTTP chunks (the fallback path; the data port's cut: test_data_port.py).
+    one_block = {"limits": {"max_body_bytes": 4096 + BLOCK}, "moves": {"data": "off"}}
     pair = served_pair(tmp_path, shm_dir, daemon_process, b_overrides=one_block)
     park(pair.a, "long", LONG_PROMPT)
     blocks = pair.a.client.get("/v1/sessions/long").json()["kv_blocks"]
