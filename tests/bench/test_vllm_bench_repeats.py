@@ -11,8 +11,8 @@ import pytest
 
 from agentpark import cli
 from agentpark.bench.vllm import RunResult, TurnResult, VllmBenchSpec
-from agentpark.bench.vllm.report import print_noise
 from agentpark.bench.vllm.repeats import save, target_counts
+from agentpark.bench.vllm.report import print_noise
 from agentpark.bench.vllm.spec import daemon_env
 from agentpark.cli.bench import vllm_spec
 
