@@ -233,7 +233,7 @@ def test_every_documented_env_var_is_read(monkeypatch: pytest.MonkeyPatch) -> No
         "vllm.turn_end": "pin",
         "vllm.pin_ttl_s": "12.5",
         "vllm.pin_margin": "3",
-        "vllm.pin_share": "0.25",
+        "vllm.pin_share": "0.4",
         "kv_events.endpoint": "tcp://127.0.0.1:5557",
         "kv_events.connect": "true",
         "kv_events.replay_endpoint": "tcp://127.0.0.1:5558",

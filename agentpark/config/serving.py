@@ -72,7 +72,7 @@ class VllmSettings(_Section):
         2.0, ge=1.0, le=100.0, description="adaptive: a pin's time-out = expected pause x this"
     )
     pin_share: float = Field(
-        0.5,
+        0.25,
         ge=0.0,
         le=1.0,
         description="most of vLLM's KV cache (its blocks) pins may hold together; 0: never pin",

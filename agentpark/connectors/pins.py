@@ -37,7 +37,7 @@ __all__ = ["DEFAULT_SHARE", "Pin", "PinBook", "Pins", "PrefillMeter"]
 
 log = logging.getLogger("vllm.agentpark")
 
-DEFAULT_SHARE = 0.5
+DEFAULT_SHARE = 0.25
 """The pinned share when the daemon's hello says none (the contract's default)."""
 
 

@@ -101,11 +101,11 @@ def test_pins_never_exceed_their_share_and_none_without_a_bound_pool(
     control_daemon: ControlDaemon,
 ) -> None:
     pins = Pins(control_daemon.client)
-    assert pins.share == 0.5  # the daemon's hello names none before protocol 4
+    assert pins.share == 0.25  # the daemon's default, said in hello
     assert not pins.fits(1, None)
-    assert pins.fits(24, 48) and not pins.fits(25, 48)
-    pins.book.add(_pin("r1", "s", list(range(20)), back_in=1.0))
-    assert pins.fits(4, 48) and not pins.fits(5, 48)
+    assert pins.fits(12, 48) and not pins.fits(13, 48)
+    pins.book.add(_pin("r1", "s", list(range(10)), back_in=1.0))
+    assert pins.fits(2, 48) and not pins.fits(3, 48)
 
 
 def test_a_lost_daemon_is_a_new_generation_and_its_pins_are_let_go(

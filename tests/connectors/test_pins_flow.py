@@ -34,7 +34,13 @@ def vllm_daemon(tmp_path: Path, shm_dir: Path, **vllm: Any) -> ControlDaemon:
     settings = tiny_settings(
         tmp_path / "state",
         shm_dir,
-        vllm={"enabled": True, "pool_capacity": 1 << 20, "pool_path": shm_dir / "pool", **vllm},
+        vllm={
+            "enabled": True,
+            "pool_capacity": 1 << 20,
+            "pool_path": shm_dir / "pool",
+            "pin_share": 0.5,  # the share these tests' engines are sized for
+            **vllm,
+        },
     )
     upgrade(settings.database_url)
     store = SessionStore(*open_database(settings.database_url))

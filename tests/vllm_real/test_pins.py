@@ -36,9 +36,10 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentDaemon]:
     state = tmp_path_factory.mktemp("daemon") / "state"
     with pytest.MonkeyPatch.context() as env:
         env.setenv("AGENTPARK_VLLM__PIN_MARGIN", "20")  # read again by a restart
+        env.setenv("AGENTPARK_VLLM__PIN_SHARE", "0.5")  # the 9-block engine's pins fit in it
         with shm_daemon(state, "agentpark-pins-test-") as made:
             assert made.settings is not None and made.settings.vllm.turn_end == "adaptive"
-            assert made.settings.vllm.pin_margin == 20
+            assert made.settings.vllm.pin_margin == 20 and made.settings.vllm.pin_share == 0.5
             yield made
 
 

@@ -158,7 +158,7 @@ class TurnEndRule:
     mode: Mode = "adaptive"
     pin_ttl_s: float = 30.0
     pin_margin: float = 2.0
-    pin_share: float = 0.5
+    pin_share: float = 0.25
 
 
 @dataclass(frozen=True)
