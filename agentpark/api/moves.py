@@ -103,7 +103,7 @@ def begin_import(request: Request, body: MoveManifest) -> BeginAnswer:
 
 
 @router.post(
-    "/in/batch",
+    "/in-batch",
     responses=error_responses(InvalidRequestError, PayloadTooLargeError),
 )
 def begin_batch(request: Request, body: BatchBegin) -> BatchBeginAnswer:
@@ -115,7 +115,7 @@ def begin_batch(request: Request, body: BatchBegin) -> BatchBeginAnswer:
 
 
 @router.post(
-    "/in/batch/commit",
+    "/in-batch/commit",
     responses=error_responses(InvalidRequestError, StorageUnavailableError),
 )
 def commit_batch(request: Request, body: BatchCommit) -> BatchCommitAnswer:

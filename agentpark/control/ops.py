@@ -228,11 +228,8 @@ class PrepareStoreRequest(_Keyed):
         False, description="a pinned turn let go under pressure: parked or dropped, never pinned"
     )
     prefill_ms_per_token: float | None = Field(None, ge=0.0, le=MAX_PREFILL_MS_PER_TOKEN)
-    backs_pins: bool = Field(
-        False,
-        description="the connector copies a pinned turn behind its pin when the answer "
-        "names slots (protocol 5): the daemon may then answer pinned with a store",
-    )
+    # Protocol 5: the connector copies a pinned turn behind its pin (answered pinned + a store).
+    backs_pins: bool = False
 
     @model_validator(mode="after")
     def _pool(self) -> PrepareStoreRequest:

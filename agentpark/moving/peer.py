@@ -90,7 +90,7 @@ class Peer:
         """The batch begin; None from a target without the batch routes (an older one)."""
         content = BatchBegin(manifests=manifests, data=data).model_dump_json()
         answer = self._client.post(
-            "/v1/moves/in/batch", content=content, headers={"Content-Type": "application/json"}
+            "/v1/moves/in-batch", content=content, headers={"Content-Type": "application/json"}
         )
         if answer.status_code in (404, 405):
             return None
@@ -105,7 +105,7 @@ class Peer:
 
     def commit_batch(self, move_ids: list[str]) -> BatchCommitAnswer:
         body = BatchCommit(move_ids=move_ids)
-        answer = self._client.post("/v1/moves/in/batch/commit", json=body.model_dump())
+        answer = self._client.post("/v1/moves/in-batch/commit", json=body.model_dump())
         return BatchCommitAnswer.model_validate(self._ok(answer))
 
     @property

@@ -80,8 +80,8 @@ SCOPE: dict[tuple[str, str], Scope] = {
     ("PUT", "/v1/moves/in/{move_id}/blocks"): Scope.ADMIN,
     ("POST", "/v1/moves/in/{move_id}/commit"): Scope.ADMIN,
     ("DELETE", "/v1/moves/in/{move_id}"): Scope.ADMIN,
-    ("POST", "/v1/moves/in/batch"): Scope.ADMIN,
-    ("POST", "/v1/moves/in/batch/commit"): Scope.ADMIN,
+    ("POST", "/v1/moves/in-batch"): Scope.ADMIN,
+    ("POST", "/v1/moves/in-batch/commit"): Scope.ADMIN,
 }
 # A body each route accepts, so a request that passes the guard is a real one.
 BODIES: dict[tuple[str, str], Any] = {

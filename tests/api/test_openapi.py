@@ -132,8 +132,8 @@ _OWN_ERRORS: dict[tuple[str, str], dict[int, set[str]]] = {
         503: {"storage_unavailable"},
     },
     ("DELETE", "/v1/moves/in/{move_id}"): BAD_REQUEST,
-    ("POST", "/v1/moves/in/batch"): {**TOO_LARGE, 422: {"invalid_request"}},
-    ("POST", "/v1/moves/in/batch/commit"): {
+    ("POST", "/v1/moves/in-batch"): {**TOO_LARGE, 422: {"invalid_request"}},
+    ("POST", "/v1/moves/in-batch/commit"): {
         422: {"invalid_request"},
         503: {"storage_unavailable"},
     },

@@ -163,7 +163,7 @@ def _begin(pair: Pair, session_id: str) -> tuple[str, DataOffer, bytes]:
     live = exporter.take(("default", session_id), pair.b.url)
     move_id, _, manifest = exporter.prepare(live, pair.b.url)
     body = {"manifests": [manifest.model_dump()], "data": True}
-    answer = pair.b.client.post("/v1/moves/in/batch", json=body)
+    answer = pair.b.client.post("/v1/moves/in-batch", json=body)
     assert answer.status_code == 200, answer.text
     begun = BatchBeginAnswer.model_validate(answer.json())
     assert begun.data is not None
@@ -241,7 +241,7 @@ def test_a_peer_that_sends_more_than_reserved_or_a_bad_block_is_cut(
     assert answer == b"" or ACK.unpack(answer) == (OK, len(kv) // 4096 - 1)
     landing = importer.landing(move_id)
     assert landing is not None and landing.missing() == [] and landing.written == len(kv) // 4096
-    commit = pair.b.client.post("/v1/moves/in/batch/commit", json={"move_ids": [move_id]})
+    commit = pair.b.client.post("/v1/moves/in-batch/commit", json={"move_ids": [move_id]})
     assert commit.json()["items"][0]["commit"]["blocks_received"] == len(kv) // 4096
     assert parked_bytes(pair.b, "s") == kv
 
