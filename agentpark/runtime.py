@@ -15,7 +15,7 @@ from agentpark.errors import ConfigError, InvalidRequestError
 from agentpark.history import HostSampler
 from agentpark.kvevents import Advertiser
 from agentpark.kvevents import start as start_kv_events
-from agentpark.metrics import Metrics
+from agentpark.metrics import KvEventsCollector, Metrics
 from agentpark.parking import InProcessDriver, SessionCore, drain
 from agentpark.parts import StoreParts, open_store, reference_parts, vllm_parts
 from agentpark.policy.service import PolicyService
@@ -129,6 +129,8 @@ class Runtime:
         runtime.probe.start()
         if settings.kv_events.endpoint:
             runtime.kv_events = start_kv_events(settings.kv_events, core)
+            collector = KvEventsCollector(runtime.kv_events.figures, host_label(settings))
+            metrics.registry.register(collector)
         if vllm is not None:
             vllm.add_degraded_sink(metrics.count_degraded)
             runtime.vllm = vllm

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator
 
 from agentpark.config.serving import KvEventsSettings
-from agentpark.kvevents.advertiser import MEDIUMS, Advertiser, Source, medium_of
+from agentpark.kvevents.advertiser import MEDIUMS, Advertiser, KvEventFigures, Source, medium_of
 from agentpark.parking.core import SessionCore
 
-__all__ = ["MEDIUMS", "Advertiser", "Source", "medium_of", "start"]
+__all__ = ["MEDIUMS", "Advertiser", "KvEventFigures", "Source", "medium_of", "start"]
 
 
 def start(settings: KvEventsSettings, core: SessionCore) -> Advertiser:

@@ -43,7 +43,7 @@ from agentpark.kvevents.wire import (
 from agentpark.kvkeys import BlockHasher, Lora
 from agentpark.tiers.base import HostTier
 
-__all__ = ["MEDIUMS", "Advertiser", "Source", "medium_of"]
+__all__ = ["MEDIUMS", "Advertiser", "KvEventFigures", "Source", "medium_of"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,17 @@ class _Listener:
         self._owner.offer(_Removed(self._tier, list(keys)))
 
 
+@dataclass(frozen=True)
+class KvEventFigures:
+    """Since start: batches sent, changes a full queue dropped (each forces a re-sync),
+    full re-syncs; now: block hashes advertised, by medium (the Prometheus series)."""
+
+    batches: int
+    dropped: int
+    resyncs: int
+    advertised: dict[str, int]
+
+
 class Advertiser:
     """The listener on every tier, the queue and the publishing thread."""
 
@@ -119,6 +130,8 @@ class Advertiser:
         self._resync = False
         self.dropped = 0  # items a full queue refused
         self.batches = 0
+        self.resyncs = 0
+        self._advertised: dict[str, int] = {}  # medium -> hashes held (the thread's copy)
         self.publisher = ZmqPublisher(
             settings.endpoint,
             settings.replay_endpoint,
@@ -147,6 +160,10 @@ class Advertiser:
         self.attach(new)
         self.offer([t.name for t in old])
 
+    def figures(self) -> KvEventFigures:
+        """Read from any thread (a scrape): each figure is one atomic read."""
+        return KvEventFigures(self.batches, self.dropped, self.resyncs, dict(self._advertised))
+
     # ---- life ---------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -173,10 +190,12 @@ class Advertiser:
                     self._resync = True  # a router (re)connected: tell it everything
                 if self._resync and self._queue.empty():
                     self._resync = False
+                    self.resyncs += 1
                     self._held.clear()
                     self._pending.clear()
                     events = [AllBlocksCleared(), *self._snapshot()]
                 self._send(events)
+                self._advertised = {m: len(held) for m, held in self._held.items()}
                 if self.publisher.has_replay:
                     self.publisher.serve_replay(0)
         except Exception:

@@ -13,12 +13,14 @@ import httpx
 import msgspec
 import pytest
 import zmq
+from prometheus_client.parser import text_string_to_metric_families
 
 from agentpark.config import Settings
 from agentpark.kvevents.advertiser import Advertiser, _Removed
 from agentpark.kvevents.wire import BlockStored, KVEventBatch, external_hash
 from agentpark.kvkeys import BlockHasher
-from tests.harness import Daemon, bearer, free_port
+from agentpark.metrics import KV_EVENT_METRIC_NAMES
+from tests.harness import Daemon, bearer, free_port, wait_until
 from tests.kvevents.subscriber import Subscriber
 
 PROMPT = "Plan a trip; call the flight search tool, then the hotel one."
@@ -118,6 +120,50 @@ def test_park_delete_and_ttl_store_and_remove_exactly_the_loadable_blocks(
     assert sub.seqs == list(range(len(sub.seqs)))  # every batch, once, in order
 
 
+def kv_event_series(daemon: Daemon) -> dict[tuple[str, str], float]:
+    """(sample name, medium label) -> value of the agentpark_kv_event_* samples."""
+    text = daemon.client.get("/metrics").text
+    return {
+        (sample.name, sample.labels.get("medium", "")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("agentpark_kv_event_") and not sample.name.endswith("_created")
+    }
+
+
+def test_the_metrics_say_what_is_advertised_sent_and_resynced(
+    make_settings: Callable[..., Settings],
+    daemon_factory: Callable[[Settings], Daemon],
+    subscribe: Callable[[Daemon], Subscriber],
+) -> None:
+    daemon = daemon_factory(make_settings(kv_events=kv_events()))
+    sub = subscribe(daemon)
+    advertised = ("agentpark_kv_event_advertised_blocks", "CPU")
+    start = kv_event_series(daemon)
+    names = {name for name, _ in start}
+    assert names == set(KV_EVENT_METRIC_NAMES)  # every series, from the start
+    assert start[advertised] == 0 and start[("agentpark_kv_event_changes_dropped_total", "")] == 0
+    park(daemon.client, "a")
+    keys = chain(daemon, "a")
+    sub.wait_for(lambda: len(sub.held.get("CPU", ())) == len(keys))
+    wait_until(lambda: kv_event_series(daemon)[advertised] == len(keys), timeout=10)
+    assert daemon.client.delete("/v1/sessions/a").status_code in (200, 204)
+    sub.wait_for(lambda: not sub.all_held())
+    wait_until(lambda: kv_event_series(daemon)[advertised] == 0, timeout=10)
+    now = kv_event_series(daemon)
+    assert now[("agentpark_kv_event_batches_total", "")] >= len(sub.seqs) >= 3
+    assert now[("agentpark_kv_event_resyncs_total", "")] >= 1  # the subscriber's join
+    assert now[("agentpark_kv_event_changes_dropped_total", "")] == 0
+
+
+def test_without_an_endpoint_no_kv_event_series_are_exported(
+    make_settings: Callable[..., Settings], daemon_factory: Callable[[Settings], Daemon]
+) -> None:
+    daemon = daemon_factory(make_settings())
+    assert daemon.runtime.kv_events is None
+    assert kv_event_series(daemon) == {}
+
+
 def test_int_hashes_are_the_low_64_bits_as_vllm_publishes_them(
     make_settings: Callable[..., Settings],
     daemon_factory: Callable[[Settings], Daemon],
@@ -167,7 +213,7 @@ def test_a_full_queue_drops_and_counts_without_blocking(
         for _ in range(1000):
             adv.offer(_Removed("dram", [("default", b"x" * 32)]))
         assert time.monotonic() - started < 1.0
-        assert adv.dropped == 998
+        assert adv.dropped == 998 and adv.figures().dropped == 998
     finally:
         adv.publisher.close()
 
