@@ -15,8 +15,9 @@ from agentpark.config import Settings
 from agentpark.moving.blockio import read_blocks
 from tests.harness import Daemon
 from tests.harness.settings import tiny_settings
+from tests.moving.proxy import CuttingProxy
 
-__all__ = ["Pair", "make_pair", "pair_settings", "park_session", "parked_bytes"]
+__all__ = ["Pair", "cut_then_resumed", "make_pair", "pair_settings", "park_session", "parked_bytes"]
 
 ALL_SCOPES = ",".join(s.value for s in Scope)
 
@@ -46,6 +47,33 @@ class Pair:
         """A -> B (or ``to``, a proxy of B) asked of A's REST API with A's admin token."""
         body = {"session_id": session_id, "to": to or self.b.url, "to_token": token or self.b_admin}
         return self.a.client.post("/v1/moves", json=body)
+
+
+def cut_then_resumed(
+    pair: Pair, proxy: CuttingProxy, blocks: int, to: str | None = None
+) -> tuple[int, dict[str, Any], int]:
+    """A move of "long" cut mid-stream with the link left down (given up: A keeps the
+    session, B has none of it), then the same move once the link is back; (blocks landed
+    by the first try, the second try's result, bytes the proxy carried to B for it)."""
+    importer = pair.b.app.state.moves.importer
+    proxy.refuse_after_cut = True
+    first = pair.move("long", to=to)
+    assert first.status_code == 502, first.text
+    assert proxy.cuts == 1
+    details = first.json()["error"]["details"]
+    move_id, landed = details["move_id"], importer.received(details["move_id"])
+    assert details["in_doubt"] is False
+    assert landed is not None and 0 < landed < blocks
+    assert pair.a.client.get("/v1/sessions/long").json()["state"] == "parked"
+    assert pair.b.client.get("/v1/sessions/long").status_code == 404
+    # The link is back: the same move goes on with what B lacks, nothing twice.
+    proxy.refuse = False
+    before = proxy.upstream
+    second = pair.move("long", to=to)
+    assert second.status_code == 200, second.text
+    result: dict[str, Any] = second.json()
+    assert result["move_id"] == move_id and result["resumed"] is True
+    return landed, result, proxy.upstream - before
 
 
 def make_pair(

@@ -16,7 +16,7 @@ from agentpark.moving.ticket import HELLO, TICKET_LEN
 from agentpark.moving.wire import BatchBeginAnswer, DataOffer
 from agentpark.store.models import EventRow, SessionRow
 from tests.harness import Daemon
-from tests.moving.pair import Pair, make_pair, park_session, parked_bytes
+from tests.moving.pair import Pair, cut_then_resumed, make_pair, park_session, parked_bytes
 from tests.moving.proxy import CuttingProxy
 
 ROOM = {"tiers": {"shm": {"capacity": 256 * 4096}}}
@@ -119,31 +119,14 @@ def test_a_data_connection_cut_mid_stream_is_picked_up_and_sends_each_block_once
     kv = parked_bytes(pair.a, "long")
     block = pair.a.runtime.parking.geometry.block_nbytes
     blocks = len(kv) // block
-    importer, data = _moves(pair.b).importer, _moves(pair.b).data
+    data = _moves(pair.b).data
     data.group_bytes = block  # each block checked (and kept) as it lands
     _moves(pair.a).exporter.retries = 1
     with CuttingProxy(data.port, cut_after=5 * block + block // 2) as proxy:
         _moves(pair.a).batches.data_address = lambda host, port: (host, proxy.port)
-        proxy.refuse_after_cut = True
-        first = pair.move("long")
-        assert first.status_code == 502, first.text
-        assert proxy.cuts == 1
-        details = first.json()["error"]["details"]
-        move_id, landed = details["move_id"], importer.received(details["move_id"])
-        assert details["in_doubt"] is False
-        assert landed is not None and 0 < landed < blocks
-        assert pair.a.client.get("/v1/sessions/long").json()["state"] == "parked"
-        assert pair.b.client.get("/v1/sessions/long").status_code == 404
-
-        proxy.refuse = False
-        before = proxy.upstream
-        second = pair.move("long")
-        assert second.status_code == 200, second.text
-        result = second.json()
-        assert result["move_id"] == move_id and result["resumed"] is True
+        landed, result, sent_again = cut_then_resumed(pair, proxy, blocks)
         assert result["data_port"] is True and result["blocks_sent"] == blocks - landed
         # What went the second time: the ticket and the blocks B still lacked, nothing more.
-        sent_again = proxy.upstream - before
         assert sent_again == len(HELLO) + TICKET_LEN + (blocks - landed) * block
     assert parked_bytes(pair.b, "long") == kv
     events = pair.b.client.get("/v1/events", params={"session_id": "long"}).json()["events"]

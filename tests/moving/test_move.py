@@ -9,7 +9,7 @@ from pathlib import Path
 
 from agentpark.config import Settings
 from tests.harness import Daemon
-from tests.moving.pair import make_pair, park_session, parked_bytes
+from tests.moving.pair import cut_then_resumed, make_pair, park_session, parked_bytes
 from tests.moving.proxy import CuttingProxy
 
 STEP = {"max_new_tokens": 12, "return_logits": True}
@@ -45,7 +45,6 @@ def test_a_move_cut_mid_stream_is_picked_up_and_sends_each_block_once(
     park_session(pair.a, "long", LONG_PROMPT)
     kv = parked_bytes(pair.a, "long")
     exporter = pair.a.app.state.moves.exporter
-    importer = pair.b.app.state.moves.importer
     block = pair.a.runtime.parking.geometry.block_nbytes
     blocks = len(kv) // block
     assert blocks >= 10
@@ -54,23 +53,7 @@ def test_a_move_cut_mid_stream_is_picked_up_and_sends_each_block_once(
     port = int(pair.b.url.rsplit(":", 1)[1])
     with CuttingProxy(port, cut_after=8192 + 5 * block) as proxy:
         # The link drops mid-stream and stays down: the move gives up, A keeps the session.
-        proxy.refuse_after_cut = True
-        first = pair.move("long", to=proxy.url)
-        assert first.status_code == 502, first.text
-        assert proxy.cuts == 1
-        details = first.json()["error"]["details"]
-        move_id, landed = details["move_id"], importer.received(details["move_id"])
-        assert details["in_doubt"] is False
-        assert landed is not None and 0 < landed < blocks
-        assert pair.a.client.get("/v1/sessions/long").json()["state"] == "parked"
-        assert pair.b.client.get("/v1/sessions/long").status_code == 404
-
-        # The link is back: the same move goes on with what B lacks, nothing twice.
-        proxy.refuse = False
-        second = pair.move("long", to=proxy.url)
-        assert second.status_code == 200, second.text
-        result = second.json()
-        assert result["move_id"] == move_id and result["resumed"] is True
+        landed, result, _ = cut_then_resumed(pair, proxy, blocks, to=proxy.url)
         assert result["blocks_sent"] == blocks - landed
     assert parked_bytes(pair.b, "long") == kv
     moved_in = [
