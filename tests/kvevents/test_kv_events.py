@@ -131,13 +131,21 @@ def kv_event_series(daemon: Daemon) -> dict[tuple[str, str], float]:
     }
 
 
-def test_the_metrics_say_what_is_advertised_sent_and_resynced(
+@pytest.fixture
+def published(
     make_settings: Callable[..., Settings],
     daemon_factory: Callable[[Settings], Daemon],
     subscribe: Callable[[Daemon], Subscriber],
-) -> None:
+) -> tuple[Daemon, Subscriber]:
+    """A daemon publishing on the default settings, and a subscriber that joined it."""
     daemon = daemon_factory(make_settings(kv_events=kv_events()))
-    sub = subscribe(daemon)
+    return daemon, subscribe(daemon)
+
+
+def test_the_metrics_say_what_is_advertised_sent_and_resynced(
+    published: tuple[Daemon, Subscriber],
+) -> None:
+    daemon, sub = published
     advertised = ("agentpark_kv_event_advertised_blocks", "CPU")
     start = kv_event_series(daemon)
     names = {name for name, _ in start}
@@ -165,12 +173,9 @@ def test_without_an_endpoint_no_kv_event_series_are_exported(
 
 
 def test_int_hashes_are_the_low_64_bits_as_vllm_publishes_them(
-    make_settings: Callable[..., Settings],
-    daemon_factory: Callable[[Settings], Daemon],
-    subscribe: Callable[[Daemon], Subscriber],
+    published: tuple[Daemon, Subscriber],
 ) -> None:
-    daemon = daemon_factory(make_settings(kv_events=kv_events()))
-    sub = subscribe(daemon)
+    daemon, sub = published
     park(daemon.client, "a")
     keys = chain(daemon, "a")
     want = [int.from_bytes(k[-8:], "big") for k in keys]
