@@ -33,7 +33,7 @@ from agentpark.connectors.client import ControlClient
 from agentpark.connectors.protocol import encode_tokens
 from agentpark.connectors.steps import StepPlan, store_meta
 
-__all__ = ["DEFAULT_SHARE", "Pin", "PinBook", "Pins", "PrefillMeter"]
+__all__ = ["DEFAULT_SHARE", "Pin", "PinBook", "Pins", "PrefillMeter", "backed"]
 
 log = logging.getLogger("vllm.agentpark")
 
@@ -89,6 +89,11 @@ class PinBook:
     def pressure_order(self) -> list[Pin]:
         """Latest expected return first: the pin whose blocks will idle longest goes first."""
         return sorted(self.pins.values(), key=lambda p: p.expected_return, reverse=True)
+
+
+def backed(answer: dict[str, Any]) -> bool:
+    """Whether a ``pinned`` answer has a parked copy behind the pin (it names a store)."""
+    return answer.get("store_id") is not None
 
 
 def share_room(share: float, total_blocks: int) -> int:
@@ -190,7 +195,7 @@ class Pins:
             now + (ttl if expected is None else float(expected)),
             now + ttl,
             self.client.generation,
-            backed=answer.get("store_id") is not None,
+            backed=backed(answer),
         )
         self.book.add(pin)
         return pin

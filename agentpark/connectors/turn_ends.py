@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentpark.connectors.client import ControlClient
-from agentpark.connectors.pins import EngineView, Pins
+from agentpark.connectors.pins import EngineView, Pins, backed
 from agentpark.connectors.protocol import SessionParams, encode_tokens
 from agentpark.connectors.steps import StepPlan, store_meta
 from agentpark.connectors.toolcalls import ToolCallReader
@@ -167,14 +167,14 @@ class TurnEnd:
         """Pin the blocks (and copy them behind the pin when the answer names slots);
         over the pinned share here (a hard bound on this side too), offered again as
         pressure: parked or dropped."""
-        backed = answer.get("store_id") is not None
+        copied = backed(answer)
         if self.pins.fits(len(ids), self.engine.total_blocks):
             self.pins.pin(request.request_id, ids, tokens, answer, fields)
-            if backed:
+            if copied:
                 plan.stores.append(store_meta(request.request_id, ids, answer, hold=True))
             return True, turn_answer("pinned", str(answer.get("why")), record)
         session = str(answer.get("session_id") or fields["session_id"])
-        if backed:  # the copy is planned: take it, and let the blocks go once it is done
+        if copied:  # the copy is planned: take it, and let the blocks go once it is done
             plan.stores.append(store_meta(request.request_id, ids, answer))
             self.pins.unpin(session, "pressure", len(ids))
             why = f"over the pinned share ({self.pins.share:.0%} of the engine's blocks)"
