@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import httpx
 
@@ -32,6 +32,7 @@ from agentpark.moving.wire import (
     PeerError,
 )
 from agentpark.parking.core import SessionCore
+from agentpark.parking.handles import keys_hex
 from agentpark.parking.registry import LiveSession, SessionKey
 from agentpark.store.models import MoveRow
 from agentpark.tiers.base import BackendHeldTier, HostTier
@@ -256,7 +257,7 @@ class Exporter:
                 digests = [str(d) for d in recorded]
             else:
                 digests = block_digests(tier, live.slots)
-            keys = [_hex(k) for k in (live.keys or [None] * len(live.slots))]
+            keys = keys_hex(live.keys or [None] * len(live.slots))
         return MoveManifest(
             move_id=move_id,
             source=self.source,
@@ -364,11 +365,3 @@ def _doubt(peer: str) -> str:
 def _chunks(indices: Sequence[int], size: int) -> Iterator[list[int]]:
     for i in range(0, len(indices), size):
         yield list(indices[i : i + size])
-
-
-def _hex(key: Hashable | None) -> str | None:
-    """A block key as the wire carries it (the hash; the tenant is the manifest's)."""
-    if key is None:
-        return None
-    assert isinstance(key, tuple) and isinstance(key[1], bytes)
-    return key[1].hex()

@@ -263,8 +263,7 @@ class Importer:
                 by_slot = {res.slots[i]: moved.digests[i] for i in res.to_copy}
                 # Routers hear the session, not the import, as these blocks' owner.
                 pending.tier.seal(pending.owner, by_slot, announce_as=live.key)
-                pending.tier.hold(live.key, res.slots)
-                pending.tier.free(pending.owner)
+                pending.tier.hand_over(pending.owner, live.key)
                 self.core.registry.add(live)
 
     def _committed_answer(self, pending: Landing) -> CommitAnswer:

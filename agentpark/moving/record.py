@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
@@ -26,6 +26,7 @@ from agentpark.store.models import MoveRow
 __all__ = ["COMMITTING", "DONE", "SENDING", "MoveRecords"]
 
 SENDING, COMMITTING, DONE = "sending", "committing", "done"
+_MOVES: Table = MoveRow.__table__  # type: ignore[assignment]
 
 
 class MoveRecords:
@@ -53,18 +54,21 @@ class MoveRecords:
         if not moves:
             return
         now = time.time()
-        with self._factory.begin() as db:
-            db.add_all(
-                MoveRow(
-                    move_id=move_id,
-                    tenant=tenant,
-                    session_id=session_id,
-                    peer=peer,
-                    state=SENDING,
-                    started_at=now,
-                )
-                for move_id, tenant, session_id in moves
-            )
+        rows = [
+            {
+                "move_id": move_id,
+                "tenant": tenant,
+                "session_id": session_id,
+                "peer": peer,
+                "state": SENDING,
+                "started_at": now,
+            }
+            for move_id, tenant, session_id in moves
+        ]
+        # Core, not the ORM: a batch's records are on a move's critical path (the ORM's
+        # unit of work cost a millisecond a batch here).
+        with self.engine.begin() as conn:
+            conn.execute(insert(_MOVES), rows)
 
     def mark(self, move_id: str, state: str) -> None:
         self.mark_many([move_id], state)
@@ -74,10 +78,10 @@ class MoveRecords:
         if not move_ids:
             return
         finished = time.time() if state == DONE else None
-        with self._factory.begin() as db:
-            db.execute(
-                update(MoveRow)
-                .where(MoveRow.move_id.in_(list(move_ids)))
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(_MOVES)
+                .where(_MOVES.c.move_id.in_(list(move_ids)))
                 .values(state=state, finished_at=finished)
             )
 

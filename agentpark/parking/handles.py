@@ -21,7 +21,14 @@ import xxhash
 from agentpark.integrity import BLOCK_SCHEME
 from agentpark.store.models import SessionRow
 
-__all__ = ["copy_checksum", "handle_digests", "handle_keys", "handle_slots", "parked_handle"]
+__all__ = [
+    "copy_checksum",
+    "handle_digests",
+    "handle_keys",
+    "handle_slots",
+    "keys_hex",
+    "parked_handle",
+]
 
 
 def parked_handle(
@@ -30,7 +37,7 @@ def parked_handle(
     """The JSON SQLite keeps of a copy stored by content."""
     return {
         "slots": list(slots),
-        "keys": [_key_hex(k) for k in keys],
+        "keys": keys_hex(keys),
         "digests": list(digests),
     }
 
@@ -62,8 +69,12 @@ def handle_digests(row: SessionRow) -> list[str | None] | None:
     return None if raw is None else [None if d is None else str(d) for d in raw]
 
 
-def _key_hex(key: Hashable | None) -> str | None:
-    if key is None:
-        return None
+def keys_hex(keys: Sequence[Hashable | None]) -> list[str | None]:
+    """Block keys ``(tenant, hash)`` as SQLite and the moves' wire keep them: the hash in
+    hex (the tenant is the row's or the manifest's); None stays None."""
+    return [None if k is None else _hash_of(k).hex() for k in keys]
+
+
+def _hash_of(key: Hashable) -> bytes:
     assert isinstance(key, tuple) and isinstance(key[1], bytes)
-    return key[1].hex()
+    return key[1]

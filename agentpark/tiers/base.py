@@ -55,6 +55,8 @@ class HostTier(Protocol):
 
     def hold(self, owner: Hashable, slots: Sequence[int]) -> None: ...
 
+    def hand_over(self, owner: Hashable, to: Hashable) -> None: ...
+
     def find(self, keys: Sequence[Hashable]) -> list[int]: ...
 
     def digest_of(self, slot: int) -> str | None: ...
@@ -157,6 +159,11 @@ class SlotTier:
             if self._slots is None:
                 raise ValueError(f"{self.name} tier has no slots")
             self._slots.hold(owner, slots)
+
+    def hand_over(self, owner: Hashable, to: Hashable) -> None:
+        """``owner``'s slots become ``to``'s (SlotStore.hand_over)."""
+        if self._slots is not None:
+            self._slots.hand_over(owner, to)
 
     def find(self, keys: Sequence[Hashable]) -> list[int]:
         """Slots of the longest prefix of ``keys`` this tier holds."""

@@ -68,7 +68,7 @@ class SlotStore:
         self._capacity = capacity
         self._lock = threading.Lock()
         self._free: deque[int] = deque(range(capacity))
-        self._refs: dict[int, Counter[Hashable]] = {}  # slot -> owners (with counts)
+        self._refs: dict[int, dict[Hashable, int]] = {}  # slot -> owners (with counts)
         self._of: dict[Hashable, list[int]] = {}  # owner -> slots, block order
         self._pending: dict[int, tuple[Hashable, Hashable | None]] = {}  # slot -> owner, key
         self._key_of: dict[int, Hashable] = {}  # sealed slot -> key
@@ -136,14 +136,14 @@ class SlotStore:
             if needed > room:
                 raise PoolExhaustedError(needed, room, self._capacity)
             slots: list[int] = []
-            fresh: list[bool] = []
             for key, slot in zip(keys, shared, strict=True):
                 if slot is None:
                     slot = self._take(keep)
                     self._pending[slot] = (owner, key)
-                self._ref(owner, slot)
                 slots.append(slot)
-                fresh.append(slot not in self._key_of)
+            self._ref_all(owner, slots)
+            key_of = self._key_of
+            fresh = [slot not in key_of for slot in slots]
             self._tell_gone()  # cached blocks evicted to make room
             return Reservation(slots, fresh, list(keys))
 
@@ -160,16 +160,18 @@ class SlotStore:
         only a stand-in for it (a move's import, sealed before the session is added)."""
         with self._lock:
             published: list[tuple[int, Hashable]] = []
+            pending, slot_of, key_of = self._pending, self._slot_of, self._key_of
+            digest = self._digest
             for index, slot in enumerate(self._of.get(owner, [])):
-                pending = self._pending.get(slot)
-                if pending is None or pending[0] != owner:
+                waiting = pending.get(slot)
+                if waiting is None or waiting[0] != owner:
                     continue
-                del self._pending[slot]
-                key = pending[1]
-                self._digest[slot] = digests.get(slot)
-                if key is not None and key not in self._slot_of:
-                    self._slot_of[key] = slot
-                    self._key_of[slot] = key
+                del pending[slot]
+                key = waiting[1]
+                digest[slot] = digests.get(slot)
+                if key is not None and key not in slot_of:
+                    slot_of[key] = slot
+                    key_of[slot] = key
                     published.append((index, key))
             self._tell_sealed(owner if announce_as is None else announce_as, published)
 
@@ -179,8 +181,25 @@ class SlotStore:
             bad = [s for s in slots if s not in self._digest or s in self._pending]
             if bad:
                 raise ValueError(f"slots not sealed: {bad[:10]}")
+            self._ref_all(owner, slots)
+
+    def hand_over(self, owner: Hashable, to: Hashable) -> None:
+        """Every reference of ``owner`` becomes ``to``'s (a move's import, sealed, becomes
+        its session's): one pass, where :meth:`hold` then :meth:`release` take two."""
+        with self._lock:
+            slots = self._of.pop(owner, [])
+            if not slots:
+                return
+            refs = self._refs
+            for slot in dict.fromkeys(slots):
+                held = refs[slot]
+                held[to] = held.get(to, 0) + held.pop(owner)
+            pending = self._pending
             for slot in slots:
-                self._ref(owner, slot)
+                waiting = pending.get(slot)
+                if waiting is not None and waiting[0] == owner:
+                    pending[slot] = (to, waiting[1])
+            self._of.setdefault(to, []).extend(slots)
 
     def claim(
         self,
@@ -228,21 +247,24 @@ class SlotStore:
         until room is needed): for a copy whose session took it back, not one dropped."""
         freed: list[int] = []
         with self._lock:
+            all_refs, pending, key_of = self._refs, self._pending, self._key_of
             for slot in self._of.pop(owner, []):
-                refs = self._refs[slot]
-                refs[owner] -= 1
-                if refs[owner] <= 0:
-                    del refs[owner]
+                refs = all_refs[slot]
+                left = refs[owner] - 1
+                if left > 0:
+                    refs[owner] = left
+                    continue
+                del refs[owner]
                 if refs:
                     continue
-                del self._refs[slot]
-                if self._pending.get(slot, (None,))[0] == owner:
-                    del self._pending[slot]
-                if cache and slot in self._key_of:
+                del all_refs[slot]
+                if slot in pending and pending[slot][0] == owner:
+                    del pending[slot]
+                if cache and slot in key_of:
                     self._cached[slot] = None
                 else:
-                    self._drop(slot)
                     freed.append(slot)
+            self._drop_all(freed)
             self._tell_gone()
         return freed
 
@@ -260,9 +282,21 @@ class SlotStore:
     # ---- inside the lock ----------------------------------------------------------------------
 
     def _ref(self, owner: Hashable, slot: int) -> None:
-        self._refs.setdefault(slot, Counter())[owner] += 1
-        self._of.setdefault(owner, []).append(slot)
-        self._cached.pop(slot, None)
+        self._ref_all(owner, [slot])
+
+    def _ref_all(self, owner: Hashable, slots: Sequence[int]) -> None:
+        """One more reference of ``owner`` to each of ``slots`` (a slot twice: two)."""
+        refs = self._refs
+        for slot in slots:
+            held = refs.get(slot)
+            if held is None:
+                refs[slot] = {owner: 1}
+            else:
+                held[owner] = held.get(owner, 0) + 1
+        self._of.setdefault(owner, []).extend(slots)
+        if self._cached:
+            for slot in slots:
+                self._cached.pop(slot, None)
 
     def _take(self, keep: set[int]) -> int:
         if self._free:
@@ -293,9 +327,18 @@ class SlotStore:
                 listener.unkeyed(gone)
 
     def _drop(self, slot: int) -> None:
-        self._unkey(slot)
-        self._digest.pop(slot, None)
-        self._free.append(slot)
+        self._drop_all([slot])
+
+    def _drop_all(self, slots: list[int]) -> None:
+        """Unkey these slots, forget their digests, make them free."""
+        key_of, slot_of, digest = self._key_of, self._slot_of, self._digest
+        for slot in slots:
+            key = key_of.pop(slot, None)
+            if key is not None:
+                del slot_of[key]
+                self._gone.append(key)
+            digest.pop(slot, None)
+        self._free.extend(slots)
 
     def check_invariants(self) -> None:
         """AssertionError when the bookkeeping disagrees with itself (tests)."""

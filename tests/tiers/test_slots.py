@@ -82,3 +82,33 @@ def test_a_forgotten_block_is_never_handed_out_again() -> None:
     store.release("s1", cache=True)
     assert store.num_cached == 0  # unkeyed: freed, not cached
     store.check_invariants()
+
+
+def test_a_hand_over_moves_every_reference_and_frees_nothing() -> None:
+    store = SlotStore(6)
+    held = store.reserve("s1", [A, B])
+    store.seal("s1", {s: None for s in held.slots})
+    # An import sharing A and B with s1, holding C twice, and a private block.
+    res = store.reserve(("move", 1), [A, B, C, C, None])
+    store.seal(("move", 1), {s: "xxh3b:2" for s in res.slots})
+    store.hand_over(("move", 1), "s2")
+    assert store.owned(("move", 1)) == [] and store.owned("s2") == res.slots
+    assert store.release(("move", 1)) == []  # nothing is the import's any more
+    store.check_invariants()
+    store.release("s1")
+    assert store.find([A, B, C]) == res.slots[:3]  # s2 holds them now
+    # C twice, A and B shared once: every reference went over, so all go with s2.
+    assert sorted(store.release("s2")) == sorted(set(res.slots))
+    assert store.num_free == 6
+    store.check_invariants()
+
+
+def test_a_hand_over_of_pending_slots_makes_them_the_new_owners() -> None:
+    store = SlotStore(2)
+    res = store.reserve(("move", 1), [A, None])
+    store.hand_over(("move", 1), "s1")
+    store.seal("s1", {s: None for s in res.slots})  # what was pending is s1's to seal
+    assert store.find([A]) == res.slots[:1]
+    store.release("s1")
+    assert store.num_free == 2
+    store.check_invariants()
