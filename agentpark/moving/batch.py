@@ -28,6 +28,7 @@ from agentpark.moving.record import COMMITTING, DONE, SENDING
 from agentpark.moving.wire import (
     MAX_BATCH,
     BatchBeginAnswer,
+    BatchCommitAnswer,
     LayoutMismatchError,
     MoveManifest,
     MoveOutResult,
@@ -135,17 +136,23 @@ class BatchExporter:
         records = self.exporter.records
         retries, committing = 0, False
         pending = batch
+
+        def asking_commit() -> None:
+            """Recorded before the target is asked to commit, on whichever path."""
+            nonlocal committing
+            if not committing:
+                records.mark_many([e.move_id for e in pending], COMMITTING)
+                committing = True
+
         while pending:
             try:
                 answer = peer.begin_batch([e.manifest for e in pending], self.data)
                 if answer is None:
                     return _Pushed.LEGACY
                 pending = self._begun(peer, pending, answer)
-                self._send(peer, pending, answer)
-                if not committing:
-                    records.mark_many([e.move_id for e in pending], COMMITTING)
-                    committing = True
-                self._commit(peer, [e for e in pending if not e.committed])
+                done = self._send(peer, pending, answer, asking_commit)
+                asking_commit()
+                self._commit(peer, [e for e in pending if not e.committed], done)
                 return _Pushed.DONE
             except BodyTooLarge:
                 return _Pushed.SMALLER
@@ -195,30 +202,46 @@ class BatchExporter:
             left.append(e)
         return left
 
-    def _send(self, peer: Peer, pending: list[_Entry], answer: BatchBeginAnswer) -> None:
+    def _send(
+        self,
+        peer: Peer,
+        pending: list[_Entry],
+        answer: BatchBeginAnswer,
+        asking_commit: Callable[[], None],
+    ) -> BatchCommitAnswer | None:
+        """Send the missing blocks; the commit's answer where the target took the commit on
+        the data connection (agentpark.moving.dataport), else None."""
         missing = {item.move_id: item.begin.missing for item in answer.items if item.begin}
         sending = [e for e in pending if not e.committed and missing.get(e.move_id)]
         if not sending:
-            return
-        if answer.data is not None:
+            return None
+        offer = answer.data
+        if offer is not None:
             parts = [Outgoing(e.tier, e.live.slots, missing[e.move_id]) for e in sending if e.tier]
-            address = self.data_address(peer.host, answer.data.port)
-            send_blocks(address, answer.data.ticket, parts, self.timeout_s)
-            for e in sending:
-                e.sent += len(missing[e.move_id])
-                e.via_data = True
-            return
+            address = self.data_address(peer.host, offer.port)
+
+            def taken() -> None:
+                for e in sending:
+                    e.sent += len(missing[e.move_id])
+                    e.via_data = True
+
+            ask = asking_commit if offer.commit else None
+            body = send_blocks(address, offer.ticket, parts, self.timeout_s, taken, ask)
+            return None if body is None else _commit_answer(body)
         buf = bytearray()
         begins = {item.move_id: item.begin for item in answer.items if item.begin}
         for e in sending:
             assert e.tier is not None
             begin = begins[e.move_id]
             e.sent += self.exporter.send_chunks(peer, e.live, e.tier, e.move_id, begin, buf)
+        return None
 
-    def _commit(self, peer: Peer, pending: list[_Entry]) -> None:
+    def _commit(self, peer: Peer, pending: list[_Entry], answer: BatchCommitAnswer | None) -> None:
+        """Read the commit's answer (asked over HTTP when ``answer`` is None)."""
         if not pending:
             return
-        answer = peer.commit_batch([e.move_id for e in pending])
+        if answer is None:
+            answer = peer.commit_batch([e.move_id for e in pending])
         by_id = {item.move_id: item for item in answer.items}
         for e in pending:
             item = by_id.get(e.move_id)
@@ -280,6 +303,15 @@ class BatchExporter:
                 data_port=e.via_data,
                 ms=ms,
             )
+
+
+def _commit_answer(body: bytes) -> BatchCommitAnswer:
+    """The target's answer to a commit asked on the data connection; one that does not
+    parse leaves the commit in doubt, as a lost one does (the begin asked again tells)."""
+    try:
+        return BatchCommitAnswer.model_validate_json(body)
+    except ValueError as exc:
+        raise DataCut(f"the target's commit answer does not parse: {exc}") from exc
 
 
 def _batch(entries: list[_Entry], at: int, budget: int) -> list[_Entry]:

@@ -8,6 +8,8 @@ others in one SQLite transaction.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from agentpark.errors import AgentparkError
 from agentpark.moving.dataport import DataPort
 from agentpark.moving.imports import Importer
@@ -37,10 +39,13 @@ class BatchImports:
     def __init__(self, importer: Importer, data: DataPort | None) -> None:
         self.importer = importer
         self.data = data
+        if data is not None:  # a batch's commit can be asked on its data connection too
+            data.committer = self._commit_json
 
     def begin(self, body: BatchBegin) -> BatchBeginAnswer:
         items: list[BeginItem] = []
         plan: Plan = []
+        to_commit: list[str] = []
         contiguous = True
         for manifest in body.manifests:
             move_id = manifest.move_id
@@ -53,18 +58,23 @@ class BatchImports:
             landing = self.importer.landing(move_id)
             if not answer.committed and landing is not None:
                 plan += [(move_id, i) for i in answer.missing]
+                to_commit.append(move_id)
                 contiguous = contiguous and flat_rows(landing.tier) is not None
-        return BatchBeginAnswer(items=items, data=self._offer(body, plan, contiguous))
+        offer = self._offer(body, plan, to_commit, contiguous)
+        return BatchBeginAnswer(items=items, data=offer)
 
-    def _offer(self, body: BatchBegin, plan: Plan, contiguous: bool) -> DataOffer | None:
+    def _offer(
+        self, body: BatchBegin, plan: Plan, to_commit: list[str], contiguous: bool
+    ) -> DataOffer | None:
         if not (body.data and plan and contiguous) or self.data is None:
             return None
         tickets = self.data.tickets
         return DataOffer(
             port=self.data.port,
-            ticket=tickets.issue(plan),
+            ticket=tickets.issue(plan, to_commit),
             expires_s=tickets.ttl_s,
             nbytes=len(plan) * self.importer.core.geometry.block_nbytes,
+            commit=True,
         )
 
     def commit(self, body: BatchCommit) -> BatchCommitAnswer:
@@ -76,3 +86,7 @@ class BatchImports:
             else:
                 items.append(CommitItem(move_id=move_id, commit=answer))
         return BatchCommitAnswer(items=items)
+
+    def _commit_json(self, move_ids: Sequence[str]) -> bytes:
+        """:meth:`commit` asked on a data connection: its answer as the route's body."""
+        return self.commit(BatchCommit(move_ids=list(move_ids))).model_dump_json().encode()

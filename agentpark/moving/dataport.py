@@ -6,14 +6,20 @@ batch begin issued, then sends exactly the blocks of the ticket's plan, in its o
 block's rows of every pool array in turn (the wire form of agentpark.moving.blockio). The
 target reads them straight into the reserved slots (``recvmsg_into``, no buffer), checks
 each against its digest, and answers with one status (:data:`OK`, ...) and how many blocks
-it took; then it closes. What the port guarantees, whoever connects:
+it took. A ticket issued with the batch's imports to commit (``DataOffer.commit``) then
+waits for one byte, :data:`COMMIT`: the source asks the batch's commit there instead of in
+an HTTP request of its own, having recorded that it asked (agentpark.moving.record). The
+target commits them (one SQLite transaction, as the batch commit route does) and answers
+the route's body (``BatchCommitAnswer`` JSON, its length first). Then it closes. What the
+port guarantees, whoever connects:
 
 - nothing is written to a connection whose ticket is missing, wrong, used or expired (it
   is closed), nor to one past the ``connections`` cap;
 - a connection never delivers more than its plan: the reader stops at the plan's last
   byte, so a peer that sends more is closed with its excess unread;
 - a peer idle for ``idle_s`` or slower than :data:`MIN_RATE` overall is cut;
-- a block counts only once it is verified; a bad one ends the connection.
+- a block counts only once it is verified; a bad one ends the connection;
+- nothing is committed but the ticket's imports, only after all of its blocks landed.
 
 Served when the REST API's host is loopback unless configured (``[moves] data``): see
 agentpark.config.sections.MoveSettings for why.
@@ -27,21 +33,25 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import groupby
 
 from agentpark.errors import AgentparkError
 from agentpark.moving.landing import Landing, flat_rows
-from agentpark.moving.ticket import HELLO, TICKET_LEN, Plan, Tickets
+from agentpark.moving.ticket import HELLO, TICKET_LEN, Grant, Plan, Tickets
 
 __all__ = [
     "ACK",
+    "ANSWER_LEN",
     "BAD_BLOCK",
+    "COMMIT",
     "GONE",
     "GROUP_BYTES",
     "IOV_MAX",
+    "MAX_ANSWER",
     "MIN_RATE",
     "OK",
+    "Committer",
     "DataPort",
     "advance",
 ]
@@ -51,6 +61,12 @@ log = logging.getLogger(__name__)
 ACK = struct.Struct(">BI")
 """The target's one answer: a status and the blocks it verified and kept."""
 OK, BAD_BLOCK, GONE = 0, 1, 2
+COMMIT = b"C"
+"""The source's one byte after an OK: commit the ticket's imports."""
+ANSWER_LEN = struct.Struct(">I")
+"""The length of the commit's answer, before it."""
+MAX_ANSWER = 2**20
+"""The most bytes a commit's answer may be (64 imports' answers are a few KiB)."""
 MIN_RATE = 2**20
 """Bytes per second a data connection must average (after ``idle_s`` of grace)."""
 IOV_MAX = 1024
@@ -58,6 +74,8 @@ GROUP_BYTES = 4 * 2**20
 """Blocks read, then checked, per landing step: what a cut connection loses at most."""
 
 Lookup = Callable[[str], Landing | None]
+Committer = Callable[[Sequence[str]], bytes]
+"""Commits these imports; the batch commit route's answer body (agentpark.moving.batchin)."""
 
 
 class _Cut(Exception):
@@ -80,6 +98,9 @@ class DataPort:
         self.idle_s = idle_s
         self.group_bytes = GROUP_BYTES
         self._lookup = lookup
+        # Set by whoever answers the batch commit route (BatchImports): tickets then
+        # grant a commit on the connection.
+        self.committer: Committer | None = None
         self._slots = threading.BoundedSemaphore(connections)
         self._listener = socket.create_server((host, port), backlog=64)
         self.port: int = self._listener.getsockname()[1]
@@ -123,16 +144,36 @@ class DataPort:
                     _fill(conn, [memoryview(hello)], deadline)
                 except (_Cut, OSError):
                     return
-                plan = self.tickets.take(bytes(hello[len(HELLO) :]))
-                if not hello.startswith(HELLO) or plan is None:
+                grant = self.tickets.take(bytes(hello[len(HELLO) :]))
+                if not hello.startswith(HELLO) or grant is None:
                     return  # closed having written nothing
-                status, taken = self._receive(conn, plan)
+                status, taken = self._receive(conn, grant.plan)
                 with contextlib.suppress(OSError):
                     conn.sendall(ACK.pack(status, taken))
+                    if status == OK:
+                        self._commit_asked(conn, grant)
         finally:
             with self._lock:
                 self._open.discard(conn)
             self._slots.release()
+
+    def _commit_asked(self, conn: socket.socket, grant: Grant) -> None:
+        """Commit the grant's imports if the source asks (:data:`COMMIT`), and answer."""
+        if not grant.commit or self.committer is None:
+            return
+        asked = bytearray(len(COMMIT))
+        try:
+            _fill(conn, [memoryview(asked)], time.monotonic() + self.idle_s)
+        except _Cut:
+            return  # the source commits over HTTP, or gave up
+        if bytes(asked) != COMMIT:
+            return
+        try:
+            answer = self.committer(grant.commit)
+        except Exception:  # the source hears a cut: it asks again, and learns the outcome
+            log.exception("a commit asked on the data port failed")
+            return
+        conn.sendall(ANSWER_LEN.pack(len(answer)) + answer)
 
     def _receive(self, conn: socket.socket, plan: Plan) -> tuple[int, int]:
         """Land the plan's blocks, a group at a time; (status, blocks taken)."""

@@ -1,14 +1,24 @@
 """The source's side of the data port (agentpark.moving.dataport): one connection per
 batch, the ticket, then every missing block straight from the tier's mapped arrays
-(``sendmsg`` of each block's rows of every pool array: no gather copy, no buffer)."""
+(``sendmsg`` of each block's rows of every pool array: no gather copy, no buffer); then,
+where the target offered it, the batch's commit asked on the same connection."""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agentpark.moving.dataport import ACK, BAD_BLOCK, IOV_MAX, OK, advance
+from agentpark.moving.dataport import (
+    ACK,
+    ANSWER_LEN,
+    BAD_BLOCK,
+    COMMIT,
+    IOV_MAX,
+    MAX_ANSWER,
+    OK,
+    advance,
+)
 from agentpark.moving.landing import flat_rows
 from agentpark.moving.ticket import HELLO
 from agentpark.moving.wire import PeerError
@@ -31,10 +41,18 @@ class Outgoing:
 
 
 def send_blocks(
-    address: tuple[str, int], ticket: str, parts: Sequence[Outgoing], timeout_s: float
-) -> int:
-    """Send ``parts`` in order on one connection; the blocks the target took (all of them,
-    or PeerError for a refusal, DataCut for a connection lost on the way)."""
+    address: tuple[str, int],
+    ticket: str,
+    parts: Sequence[Outgoing],
+    timeout_s: float,
+    taken: Callable[[], None],
+    before_commit: Callable[[], None] | None = None,
+) -> bytes | None:
+    """Send ``parts`` in order on one connection, all of which the target must take
+    (PeerError for a refusal, DataCut for a connection lost on the way); ``taken`` runs
+    once it did. With ``before_commit``, the batch's commit is then asked there, once that
+    has run: the target's answer body is returned (a DataCut from then on leaves the
+    commit in doubt); else None."""
     total = sum(len(p.missing) for p in parts)
     try:
         with socket.create_connection(address, timeout=timeout_s) as conn:
@@ -50,23 +68,39 @@ def send_blocks(
                     for view, n in rows
                 ]
                 _send_all(conn, views)
-            answer = bytearray()
-            while len(answer) < ACK.size:
-                got = conn.recv(ACK.size - len(answer))
-                if not got:
-                    raise DataCut("the target closed the data connection without an answer")
-                answer += got
-    except DataCut:
+            status, verified = ACK.unpack(_read(conn, ACK.size))
+            _check(int(status), int(verified), total)
+            taken()
+            if before_commit is None:
+                return None
+            before_commit()
+            conn.sendall(COMMIT)
+            (size,) = ANSWER_LEN.unpack(_read(conn, ANSWER_LEN.size))
+            if size > MAX_ANSWER:
+                raise DataCut(f"the target's commit answer is {size} bytes, past {MAX_ANSWER}")
+            return _read(conn, size)
+    except (DataCut, PeerError):
         raise
     except OSError as exc:
         raise DataCut(f"data connection to {address}: {exc!r}") from exc
-    status, taken = ACK.unpack(answer)
-    taken = int(taken)
+
+
+def _check(status: int, taken: int, total: int) -> None:
     if status == OK and taken == total:
-        return taken
+        return
     if status == BAD_BLOCK:
         raise PeerError(f"the target refused a block that failed its checksum ({taken} kept)")
     raise DataCut(f"the target stopped after {taken} of {total} blocks (status {status})")
+
+
+def _read(conn: socket.socket, n: int) -> bytes:
+    got = bytearray()
+    while len(got) < n:
+        chunk = conn.recv(n - len(got))
+        if not chunk:
+            raise DataCut("the target closed the data connection without an answer")
+        got += chunk
+    return bytes(got)
 
 
 def _send_all(conn: socket.socket, views: list[memoryview]) -> None:

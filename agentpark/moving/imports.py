@@ -205,6 +205,10 @@ class Importer:
             ready: list[tuple[Landing, MovedIn]] = []
             olds = self.core.store.get_many([_key(p.manifest) for p in pendings])
             for pending in pendings:
+                done = self._done.get(pending.manifest.move_id)
+                if done is not None:  # a commit that held its lock first did it (a retry)
+                    results[pending.manifest.move_id] = done
+                    continue
                 try:
                     ready.append(
                         (pending, self._moved_in(pending, olds.get(_key(pending.manifest))))

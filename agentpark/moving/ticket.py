@@ -3,8 +3,9 @@ so that one data connection, and only one, may write that batch's missing blocks
 
 A ticket is ``<id>.<secret>`` (random, 16 + 48 hex digits): the id finds it, the secret is
 compared with :func:`hmac.compare_digest` (no timing tells how much of a guess was right).
-It is bound to its plan (which blocks of which imports, in order), good once (taken on
-the first connection that shows it) and void after ``ttl_s``.
+It is bound to its plan (which blocks of which imports, in order) and to the imports the
+connection may commit once its blocks are in (the batch's), good once (taken on the first
+connection that shows it) and void after ``ttl_s``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import hmac
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["HELLO", "TICKET_LEN", "Plan", "Tickets"]
+__all__ = ["HELLO", "TICKET_LEN", "Grant", "Plan", "Tickets"]
 
 HELLO = b"APMV1"
 """The first bytes of a data connection, before its ticket."""
@@ -27,10 +28,18 @@ Plan = list[tuple[str, int]]
 """(move id, block index) of every block a connection carries, in the order it sends them."""
 
 
+@dataclass(frozen=True)
+class Grant:
+    """What a good ticket lets its one connection do: send ``plan``, then commit these."""
+
+    plan: Plan
+    commit: tuple[str, ...] = ()
+
+
 @dataclass
 class _Ticket:
     secret: str
-    plan: Plan
+    grant: Grant
     expires: float
 
 
@@ -43,18 +52,18 @@ class Tickets:
         self._open: dict[str, _Ticket] = {}
         self._lock = threading.Lock()
 
-    def issue(self, plan: Plan) -> str:
+    def issue(self, plan: Plan, commit: Sequence[str] = ()) -> str:
         ticket_id, secret = secrets.token_hex(8), secrets.token_hex(24)
         now = self.clock()
         with self._lock:
             self._purge(now)
             while len(self._open) >= _MAX_TICKETS:  # the oldest goes: bounded memory
                 self._open.pop(next(iter(self._open)))
-            self._open[ticket_id] = _Ticket(secret, plan, now + self.ttl_s)
+            self._open[ticket_id] = _Ticket(secret, Grant(plan, tuple(commit)), now + self.ttl_s)
         return f"{ticket_id}.{secret}"
 
-    def take(self, shown: bytes) -> Plan | None:
-        """The plan of a good ticket, which is used up; None for anything else (unknown,
+    def take(self, shown: bytes) -> Grant | None:
+        """The grant of a good ticket, which is used up; None for anything else (unknown,
         wrong secret, expired, used)."""
         try:
             ticket_id, secret = shown.decode("ascii").split(".", 1)
@@ -66,7 +75,7 @@ class Tickets:
             if ticket is None or not hmac.compare_digest(ticket.secret, secret):
                 return None
             del self._open[ticket_id]
-            return ticket.plan
+            return ticket.grant
 
     def _purge(self, now: float) -> None:
         for ticket_id in [t for t, ticket in self._open.items() if ticket.expires <= now]:

@@ -123,6 +123,11 @@ class DataOffer(BaseModel):
     ticket: str
     expires_s: float
     nbytes: int = Field(description="exactly what the connection may carry")
+    commit: bool = Field(
+        False,
+        description="after its blocks, the connection may ask the commit of the batch's "
+        "moves begun here (instead of the commit route)",
+    )
 
 
 class BatchBeginAnswer(BaseModel):

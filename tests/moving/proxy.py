@@ -14,7 +14,8 @@ class CuttingProxy:
     """Forwards 127.0.0.1:``port`` to ``target_port``.
 
     ``cut_after``: a connection that has carried this many bytes towards the target is
-    closed (both ways), once; later connections pass (None: never cut), unless
+    closed (both ways), once; ``cut_replies_after``: likewise for bytes back from the
+    target (those past it are not forwarded); later connections pass (None: never cut), unless
     ``refuse_after_cut``: then ``refuse`` is set by the cut. ``refuse``: new connections
     are closed at once while it is set. ``upstream``: bytes forwarded.
     """
@@ -22,6 +23,7 @@ class CuttingProxy:
     def __init__(self, target_port: int, cut_after: int | None = None) -> None:
         self.target_port = target_port
         self.cut_after = cut_after
+        self.cut_replies_after: int | None = None
         self.refuse = False
         self.refuse_after_cut = False
         self.cuts = 0
@@ -58,7 +60,7 @@ class CuttingProxy:
             upstream = socket.create_connection(("127.0.0.1", self.target_port))
             with self._lock:
                 self._open += [client, upstream]
-            link = {"sent": 0}
+            link = {"sent": 0, "replied": 0}
             self._start(self._pump, client, upstream, link, True)
             self._start(self._pump, upstream, client, link, False)
 
@@ -85,6 +87,9 @@ class CuttingProxy:
                     if cut:
                         dst.sendall(data[: len(data) // 2])  # a body cut short mid-way
                         break
+                elif (kept := self._reply_kept(link, len(data))) is not None:
+                    dst.sendall(data[:kept])
+                    break
                 dst.sendall(data)
         except OSError:
             pass  # the other pump closed the link
@@ -93,6 +98,17 @@ class CuttingProxy:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
+
+    def _reply_kept(self, link: dict[str, int], n: int) -> int | None:
+        """How much of ``n`` reply bytes still go before the cut; None: no cut."""
+        with self._lock:
+            limit, before = self.cut_replies_after, link["replied"]
+            link["replied"] += n
+            if limit is None or before + n <= limit:
+                return None
+            self.cut_replies_after = None
+            self.cuts += 1
+            return max(0, limit - before)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):  # wakes the accept()

@@ -10,10 +10,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agentpark.config import Settings
-from agentpark.moving.dataport import ACK, BAD_BLOCK, OK
+from agentpark.moving.dataport import ACK, BAD_BLOCK, COMMIT, OK
+from agentpark.moving.peer import Peer
 from agentpark.moving.ticket import HELLO, TICKET_LEN
-from agentpark.moving.wire import BatchBeginAnswer, DataOffer
+from agentpark.moving.wire import BatchBeginAnswer, BatchCommitAnswer, DataOffer
 from agentpark.store.models import EventRow, SessionRow
 from tests.harness import Daemon
 from tests.moving.pair import Pair, cut_then_resumed, make_pair, park_session, parked_bytes
@@ -42,10 +45,27 @@ def _count_writes(daemon: Daemon) -> Writes:
     return calls
 
 
+def _count_http_commits(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The move ids of every batch commit a source asks over HTTP, recorded."""
+    asked: list[list[str]] = []
+    real = Peer.commit_batch
+
+    def commit_batch(peer: Peer, move_ids: list[str]) -> BatchCommitAnswer:
+        asked.append(list(move_ids))
+        return real(peer, move_ids)
+
+    monkeypatch.setattr(Peer, "commit_batch", commit_batch)
+    return asked
+
+
 def test_a_drain_goes_in_one_batch_over_the_data_port_bit_exact_and_gone_from_a(
-    tmp_path: Path, shm_dir: Path, daemon_factory: Callable[[Settings], Daemon]
+    tmp_path: Path,
+    shm_dir: Path,
+    daemon_factory: Callable[[Settings], Daemon],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pair = make_pair(tmp_path, shm_dir, daemon_factory, ROOM, ROOM)
+    http_commits = _count_http_commits(monkeypatch)
     ids = [f"agent-{i:02d}" for i in range(12)]
     kv = {}
     for i, sid in enumerate(ids):
@@ -61,6 +81,7 @@ def test_a_drain_goes_in_one_batch_over_the_data_port_bit_exact_and_gone_from_a(
     assert [len(items) for items in on_b] == [len(ids)]
     assert [len(items) for items in on_a] == [len(ids)]
     assert [e.kind for _, events, _ in on_b[0] for e in events] == ["moved_in"] * len(ids)
+    assert http_commits == []  # asked on the data connection, after the blocks
     for sid in ids:
         assert parked_bytes(pair.b, sid) == kv[sid]
         assert pair.a.client.get(f"/v1/sessions/{sid}").status_code == 404
@@ -126,13 +147,43 @@ def test_a_data_connection_cut_mid_stream_is_picked_up_and_sends_each_block_once
         _moves(pair.a).batches.data_address = lambda host, port: (host, proxy.port)
         landed, result, sent_again = cut_then_resumed(pair, proxy, blocks)
         assert result["data_port"] is True and result["blocks_sent"] == blocks - landed
-        # What went the second time: the ticket and the blocks B still lacked, nothing more.
-        assert sent_again == len(HELLO) + TICKET_LEN + (blocks - landed) * block
+        # What went the second time: the ticket, the blocks B still lacked and the commit
+        # asked, nothing more.
+        assert sent_again == len(HELLO) + TICKET_LEN + (blocks - landed) * block + len(COMMIT)
     assert parked_bytes(pair.b, "long") == kv
     events = pair.b.client.get("/v1/events", params={"session_id": "long"}).json()["events"]
     moved_in = [e for e in events if e["kind"] == "moved_in"]
     assert len(moved_in) == 1 and moved_in[0]["bytes"] == blocks * block  # each block once
     assert pair.a.client.get("/v1/sessions/long").status_code == 404
+    pair.b.runtime.parking.check_invariants()
+
+
+def test_a_commit_whose_answer_the_data_connection_lost_is_learned_by_asking_again(
+    tmp_path: Path,
+    shm_dir: Path,
+    daemon_factory: Callable[[Settings], Daemon],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pair = make_pair(tmp_path, shm_dir, daemon_factory)
+    park_session(pair.a, "long", LONG_PROMPT)
+    kv = parked_bytes(pair.a, "long")
+    blocks = len(kv) // pair.a.runtime.parking.geometry.block_nbytes
+    _moves(pair.a).exporter.retries = 1
+    http_commits = _count_http_commits(monkeypatch)
+    with CuttingProxy(_moves(pair.b).data.port) as proxy:
+        proxy.cut_replies_after = ACK.size  # B took every block and the commit; its answer is lost
+        _moves(pair.a).batches.data_address = lambda host, port: (host, proxy.port)
+        moved = pair.move("long")
+    assert moved.status_code == 200, moved.text
+    result = moved.json()
+    assert proxy.cuts == 1 and result["retries"] == 1 and result["blocks_sent"] == blocks
+    # B had committed: asked again, its begin said so; nothing was sent or committed twice.
+    assert http_commits == []
+    assert parked_bytes(pair.b, "long") == kv
+    events = pair.b.client.get("/v1/events", params={"session_id": "long"}).json()["events"]
+    assert [e["kind"] for e in events].count("moved_in") == 1
+    assert pair.a.client.get("/v1/sessions/long").status_code == 404
+    pair.a.runtime.parking.check_invariants()
     pair.b.runtime.parking.check_invariants()
 
 
