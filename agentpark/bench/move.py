@@ -7,12 +7,13 @@ After one untimed warm-up drain as large as a run (B's tier, sized for one run, 
 written once through, as a daemon up a while has it), each run parks ``sessions``
 sessions of ``tokens`` random tokens on A, then drains them to B (``POST
 /v1/moves/drain``: one batch begin, every block sent from A's tier over B's data port
-and verified against its digest as it lands in B's tier, one commit on B and one drop on
-A, each one SQLite transaction). In the same run a plain loopback TCP copy moves the same
-number of bytes between preallocated buffers (the floor any move over a socket pays; the
-median of three copies). Printed per run and as medians: the move's bytes per second, the
-socket's, their ratio (taken within one run), and the time the drained host took to hand
-over all its sessions; then the load average, since this machine is shared.
+and verified against its digest as it lands in B's tier, then the commit asked at the end
+of that connection, one SQLite transaction on B, and one drop on A, one more). In the
+same run a plain loopback TCP copy moves the same number of bytes between preallocated
+buffers (the floor any move over a socket pays; the median of three copies). Printed per
+run and as medians: the move's bytes per second, the socket's, their ratio (taken within
+one run), and the time the drained host took to hand over all its sessions; then the load
+average, since this machine is shared.
 """
 
 from __future__ import annotations
