@@ -238,7 +238,7 @@ class SlotStore:
                         self._slot_of[key] = slot
                         self._key_of[slot] = key
                         published.append((index, key))
-                self._ref(owner, slot)
+                self._ref_all(owner, [slot])
             self._tell_sealed(owner, published)
 
     def release(self, owner: Hashable, *, cache: bool = False) -> list[int]:
@@ -276,13 +276,10 @@ class SlotStore:
                 self._unkey(slot)
                 if slot in self._cached:
                     del self._cached[slot]
-                    self._drop(slot)
+                    self._drop_all([slot])
             self._tell_gone()
 
     # ---- inside the lock ----------------------------------------------------------------------
-
-    def _ref(self, owner: Hashable, slot: int) -> None:
-        self._ref_all(owner, [slot])
 
     def _ref_all(self, owner: Hashable, slots: Sequence[int]) -> None:
         """One more reference of ``owner`` to each of ``slots`` (a slot twice: two)."""
@@ -326,18 +323,11 @@ class SlotStore:
             for listener in self.listeners:
                 listener.unkeyed(gone)
 
-    def _drop(self, slot: int) -> None:
-        self._drop_all([slot])
-
     def _drop_all(self, slots: list[int]) -> None:
         """Unkey these slots, forget their digests, make them free."""
-        key_of, slot_of, digest = self._key_of, self._slot_of, self._digest
         for slot in slots:
-            key = key_of.pop(slot, None)
-            if key is not None:
-                del slot_of[key]
-                self._gone.append(key)
-            digest.pop(slot, None)
+            self._unkey(slot)
+            self._digest.pop(slot, None)
         self._free.extend(slots)
 
     def check_invariants(self) -> None:
