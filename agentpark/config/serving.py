@@ -59,7 +59,8 @@ class VllmSettings(_Section):
         "adaptive",
         description="a turn end's answer: adaptive (pin a short pause, park a long one, drop "
         "what is cheaper to recompute), park (park or keep by break-even only, as before), "
-        "pin (pin every turn for pin_ttl_s while room; Continuum's rule)",
+        "pin (pin every turn for pin_ttl_s while room, drop the rest and never park; "
+        "Continuum's rule)",
     )
     pin_ttl_s: float = Field(
         30.0,

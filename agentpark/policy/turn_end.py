@@ -26,17 +26,20 @@ The rule (``adaptive``):
    measured) -> park;
 3. else drop.
 
-``pin`` (Continuum's rule) pins every turn for ``pin_ttl_s`` while there is room, then
-falls to 2-3. A pin under pressure (``pressure``: the connector is letting one go) is
-never pinned again. The defaults (agentpark.config.sections, ``[vllm]``): a margin of 2
-covers a pause up to twice its median (the learned quantile) before the pin lets go; a
-cap of 30 s is where a person's turn starts (tools take seconds, people tens of
-seconds), past which holding vLLM's blocks costs more than a park; pins may hold a
-quarter of the KV cache (measured with ``agentpark bench vllm --pin-share``, 8 agents on
-48 blocks: at 0.25 the same prefill as at 0.5 with a lower p50 / p99 TTFT after a tool,
-0.79 / 2.97 s against 0.97 / 4.84 s, the median of 3; at 0.75 requests waited behind
-pins for up to 27 s), so running requests always have the rest and at worst wait for a
-release of pins, never a preemption.
+``pin`` (Continuum's rule: pins only) pins every turn for ``pin_ttl_s`` while there is
+room and parks nothing: a turn with no room for its pin, and a pin let go under
+pressure, are dropped (vLLM frees the blocks; its LRU may still hit them), as in
+Continuum's vLLM without offloading; a pin's time-out frees its blocks the same way. A
+pin under pressure (``pressure``: the connector is letting one go) is never pinned
+again. The defaults (agentpark.config.sections, ``[vllm]``): a margin of 2 covers a
+pause up to twice its median (the learned quantile) before the pin lets go; a cap of 30
+s is where a person's turn starts (tools take seconds, people tens of seconds), past
+which holding vLLM's blocks costs more than a park; pins may hold a quarter of the KV
+cache (measured with ``agentpark bench vllm --pin-share``, 8 agents on 48 blocks: at
+0.25 the same prefill as at 0.5 with a lower p50 / p99 TTFT after a tool, 0.79 / 2.97 s
+against 0.97 / 4.84 s, the median of 3; at 0.75 requests waited behind pins for up to 27
+s), so running requests always have the rest and at worst wait for a release of pins,
+never a preemption.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ MIN_PIN_S = 1.0
 """The shortest pin (unless pin_ttl_s is shorter): a pause expected in milliseconds still
 takes the client a round trip and vLLM a scheduler step or two to come back, and a pin
 held a second longer than needed costs only that second of its blocks."""
+
+
+PIN_ONLY = "turn_end=pin parks nothing: dropped"
 
 
 def _pin_room(facts: TurnEndFacts, rule: TurnEndRule) -> str | None:
@@ -103,6 +109,8 @@ def choose(facts: TurnEndFacts, rule: TurnEndRule) -> TurnEndChoice:
     if facts.blocks <= 0:
         return TurnEndChoice("dropped", "no whole block to keep")
     if facts.pressure:
+        if rule.mode == "pin":
+            return TurnEndChoice("dropped", f"the pool needs the pinned blocks; {PIN_ONLY}")
         return _park_or_drop(facts, "the pool needs the pinned blocks")
     no_room = _pin_room(facts, rule) if rule.pin_share > 0 else "pin_share is 0"
     expected, source = facts.expected_s, facts.expected_source
@@ -111,7 +119,7 @@ def choose(facts: TurnEndFacts, rule: TurnEndRule) -> TurnEndChoice:
             return TurnEndChoice(
                 "pinned", f"pinned for pin_ttl_s {rule.pin_ttl_s:g}s (turn_end=pin)", rule.pin_ttl_s
             )
-        return _park_or_drop(facts, f"no room to pin: {no_room}")
+        return TurnEndChoice("dropped", f"no room to pin: {no_room}; {PIN_ONLY}")
     if expected is None:
         return _park_or_drop(facts, f"no expected pause ({source}): not pinned")
     if expected >= rule.pin_ttl_s:

@@ -96,13 +96,18 @@ def test_pin_share_zero_never_pins() -> None:
     assert choice.answer == "parked" and "pin_share is 0" in choice.why
 
 
-@pytest.mark.parametrize("mode", ["adaptive", "pin"])
-def test_pressure_parks_or_drops_and_never_pins(mode: str) -> None:
-    rule = replace(RULE, mode=mode)
+def test_pressure_parks_or_drops_and_never_pins() -> None:
     facts = replace(FACTS, pressure=True)
-    assert choose(facts, rule).answer == "parked"
-    assert choose(replace(facts, prefill_ms_per_token=0.001), rule).answer == "dropped"
-    assert choose(replace(facts, host_room=False), rule).answer == "dropped"
+    assert choose(facts, RULE).answer == "parked"
+    assert choose(replace(facts, prefill_ms_per_token=0.001), RULE).answer == "dropped"
+    assert choose(replace(facts, host_room=False), RULE).answer == "dropped"
+
+
+def test_pin_mode_drops_a_pin_let_go_under_pressure_where_a_park_would_pay() -> None:
+    facts = replace(FACTS, pressure=True)
+    assert choose(facts, RULE).answer == "parked"  # adaptive parks it
+    choice = choose(facts, replace(RULE, mode="pin"))
+    assert choice.answer == "dropped" and "turn_end=pin parks nothing" in choice.why
 
 
 def test_pin_mode_pins_any_pause_for_pin_ttl_s_while_there_is_room() -> None:
@@ -111,7 +116,9 @@ def test_pin_mode_pins_any_pause_for_pin_ttl_s_while_there_is_room() -> None:
         choice = choose(replace(FACTS, expected_s=expected), rule)
         assert choice.answer == "pinned" and choice.pin_ttl_s == 12.0
     full = choose(replace(FACTS, pinned_blocks=480), rule)
-    assert full.answer == "parked" and "no room to pin" in full.why
+    assert full.answer == "dropped" and "no room to pin" in full.why
+    assert "parks nothing" in full.why
+    assert choose(replace(FACTS, pinned_blocks=480), RULE).answer == "parked"  # adaptive
 
 
 def test_no_whole_block_is_dropped() -> None:

@@ -29,16 +29,16 @@ KV counted whole: ``reclaimed_bytes``), and sessions parked per GiB of pool both
 
 **Runs.** ``reference``: plain vLLM, prefix caching on, a KV cache with room for every
 agent: its cache hits are the exact keep-all. ``plain``: the same under pressure
-(``--num-gpu-blocks-override``, default: room for about 1.5 agents at their longest): idle
-agents' blocks are evicted and recomputed. ``agentpark``: the same pressure with agentpark's
-connector and a daemon in vLLM mode (a child process, temporary state dir and pool):
-parked sessions are restored instead, with the daemon's default turn-end rule. The
-turn-end rules of issue 20 are runs of their own, the same pressure, each with its daemon
-told its rule (``AGENTPARK_VLLM__TURN_END``; spec.TURN_ENDS): ``park`` (always park, as
-agentpark did before pins), ``pin`` (pin every turn for the fixed ``--pin-ttl-s``,
-Continuum's rule) and ``adaptive`` (keep = pin / park / drop chosen per turn); the default
-``--runs`` is reference, plain, park, pin, adaptive. Each run gets a fresh server (and
-daemon).
+(``--num-gpu-blocks-override``, default: room for about 1.5 agents at their longest):
+idle agents' blocks are evicted and recomputed. ``agentpark``: the same pressure with
+agentpark's connector and a daemon in vLLM mode (a child process, temporary state dir
+and pool): parked sessions are restored instead, with the daemon's default turn-end
+rule. The turn-end rules of issue 20 are runs of their own, the same pressure, each with
+its daemon told its rule (``AGENTPARK_VLLM__TURN_END``; spec.TURN_ENDS): ``park``
+(always park, as agentpark did before pins), ``pin`` (pin every turn for the fixed
+``--pin-ttl-s``, drop what has no room and never park: Continuum's rule) and
+``adaptive`` (keep = pin / park / drop chosen per turn); the default ``--runs`` is
+reference, plain, park, pin, adaptive. Each run gets a fresh server (and daemon).
 
 **Figures** per run: prefill tokens computed (sum of ``usage.prompt_tokens -
 prompt_tokens_details.cached_tokens``), p50/p99 time to first token of the turns after a

@@ -20,9 +20,10 @@ __all__ = [
 ]
 
 # Runs with agentpark (a daemon behind the connector) -> the daemon's [vllm] turn_end
-# (AGENTPARK_VLLM__TURN_END): park = always park (agentpark before pins), pin = pin every
-# turn for a fixed TTL (Continuum's rule, spec.pin_ttl_s), adaptive = keep (pin) / park /
-# drop chosen per turn; agentpark = whatever the daemon's default is.
+# (AGENTPARK_VLLM__TURN_END): park = always park (agentpark before pins), pin = pin
+# every turn for a fixed TTL, drop the rest, never park (Continuum's rule,
+# spec.pin_ttl_s), adaptive = keep (pin) / park / drop chosen per turn; agentpark =
+# whatever the daemon's default is.
 TURN_ENDS: dict[str, str | None] = {
     "park": "park",
     "pin": "pin",
