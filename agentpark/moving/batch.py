@@ -93,7 +93,7 @@ class BatchExporter:
             at += len(batch)
             if pushed is _Pushed.LEGACY:  # an older target: one session at a time
                 for e in batch:
-                    e.outcome = self._one(e.live, to, token)
+                    e.outcome = self._one(e, to, token)
                 continue
             self._drop(to, [e for e in batch if e.outcome is None], started)
         for e in entries:
@@ -124,9 +124,9 @@ class BatchExporter:
             entries.append(_Entry(live, move_id, resumed, manifest, size, tier))
         return entries
 
-    def _one(self, live: LiveSession, to: str, token: str) -> Outcome:
+    def _one(self, e: _Entry, to: str, token: str) -> Outcome:
         try:
-            return self.exporter.move_taken(live, to, token)
+            return self.exporter.move_taken(e.live, to, token, (e.move_id, e.resumed, e.manifest))
         except AgentparkError as exc:
             return exc
 

@@ -37,9 +37,13 @@ from agentpark.parking.registry import LiveSession, SessionKey
 from agentpark.store.models import MoveRow
 from agentpark.tiers.base import BackendHeldTier, HostTier
 
-__all__ = ["CHUNK_BYTES", "Exporter", "backoff", "unreachable"]
+__all__ = ["CHUNK_BYTES", "Exporter", "Prepared", "backoff", "unreachable"]
 
 log = logging.getLogger(__name__)
+
+Prepared = tuple[str, bool, MoveManifest]
+"""A move made ready (:meth:`Exporter.prepare`): its id, whether an earlier attempt is
+picked up, its manifest."""
 
 CHUNK_BYTES = 8 * 2**20
 """The most block bytes one request carries (and the source holds): the target's body
@@ -114,11 +118,15 @@ class Exporter:
             self.core.registry.acquire(live, f"move to {to}")
         return live
 
-    def move_taken(self, live: LiveSession, to: str, token: str) -> MoveOutResult:
+    def move_taken(
+        self, live: LiveSession, to: str, token: str, prepared: Prepared | None = None
+    ) -> MoveOutResult:
         """Hand one held session to ``to`` over the per-session routes (a target without
-        the batch routes); the session is gone from here on success."""
+        the batch routes); the session is gone from here on success. ``prepared``: what
+        :meth:`prepare` already said of it (its record is open: preparing it again would
+        call a first move a resumed one)."""
         try:
-            result = self._move(live, to, token)
+            result = self._move(live, to, token, prepared)
         except _InDoubt as doubt:
             self.held[live.key] = live
             raise doubt.error from None
@@ -126,7 +134,7 @@ class Exporter:
         self.core.registry.release(live)
         return result
 
-    def prepare(self, live: LiveSession, to: str) -> tuple[str, bool, MoveManifest]:
+    def prepare(self, live: LiveSession, to: str) -> Prepared:
         """The move's id, whether an earlier attempt is picked up, and its manifest; the
         session is let go when it cannot move."""
         prepared = self.prepare_many([live], to)[0]
@@ -136,11 +144,11 @@ class Exporter:
 
     def prepare_many(
         self, lives: Sequence[LiveSession], to: str
-    ) -> list[tuple[str, bool, MoveManifest] | AgentparkError]:
+    ) -> list[Prepared | AgentparkError]:
         """:meth:`prepare` of a batch: one query for their open moves, one transaction
         for the new records; an error (the session let go) for one that cannot move."""
         opens = self.records.open_for_many([live.key for live in lives])
-        out: list[tuple[str, bool, MoveManifest] | AgentparkError] = []
+        out: list[Prepared | AgentparkError] = []
         new: list[tuple[str, str, str]] = []
         try:
             for live in lives:
@@ -165,11 +173,13 @@ class Exporter:
                     self.core.registry.release(live)
         return out
 
-    def _move(self, live: LiveSession, to: str, token: str) -> MoveOutResult:
+    def _move(
+        self, live: LiveSession, to: str, token: str, prepared: Prepared | None
+    ) -> MoveOutResult:
         started = time.perf_counter()
         row = live.row
         to = to.rstrip("/")
-        move_id, resumed, manifest = self.prepare(live, to)
+        move_id, resumed, manifest = prepared or self.prepare(live, to)
         tier = self.core.tiers.get(row.tier or "")
         peer = self.peer(to, token)
         try:

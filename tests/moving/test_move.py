@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from agentpark.config import Settings
+from agentpark.moving.peer import Peer
 from tests.harness import Daemon
 from tests.moving.pair import cut_then_resumed, make_pair, park_session, parked_bytes
 from tests.moving.proxy import CuttingProxy
@@ -104,4 +107,25 @@ def test_a_move_picked_up_after_the_session_was_parked_again_sends_the_new_copy(
         assert moved.status_code == 200, moved.text
     assert moved.json()["resumed"] is True
     assert parked_bytes(pair.b, "long") == kv
+    pair.b.runtime.parking.check_invariants()
+
+
+def test_a_target_without_the_batch_routes_gets_each_session_on_its_own_routes(
+    tmp_path: Path,
+    shm_dir: Path,
+    daemon_factory: Callable[[Settings], Daemon],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pair = make_pair(tmp_path, shm_dir, daemon_factory)
+    # B as a daemon from before the batch routes: what Peer.begin_batch makes of their 404.
+    monkeypatch.setattr(Peer, "begin_batch", lambda self, manifests, data: None)
+    park_session(pair.a, "old", LONG_PROMPT)
+    kv = parked_bytes(pair.a, "old")
+    moved = pair.move("old")
+    assert moved.status_code == 200, moved.text
+    result = moved.json()
+    assert result["resumed"] is False and result["retries"] == 0  # a first move, not a retry
+    assert result["blocks_sent"] == result["blocks"] > 0
+    assert parked_bytes(pair.b, "old") == kv
+    assert pair.a.client.get("/v1/sessions/old").status_code == 404
     pair.b.runtime.parking.check_invariants()
