@@ -116,9 +116,9 @@ def test_a_target_without_the_batch_routes_gets_each_session_on_its_own_routes(
     daemon_factory: Callable[[Settings], Daemon],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pair = make_pair(tmp_path, shm_dir, daemon_factory)
     # B as a daemon from before the batch routes: what Peer.begin_batch makes of their 404.
     monkeypatch.setattr(Peer, "begin_batch", lambda self, manifests, data: None)
+    pair = make_pair(tmp_path, shm_dir, daemon_factory)
     park_session(pair.a, "old", LONG_PROMPT)
     kv = parked_bytes(pair.a, "old")
     moved = pair.move("old")
