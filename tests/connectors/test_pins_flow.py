@@ -153,7 +153,7 @@ def test_a_pin_whose_session_never_returns_is_let_go_at_its_time_out(
     assert _events(pin_daemon, "gone")[-1] == "unpin"
 
 
-def test_under_pressure_the_latest_return_goes_first_parked_before_any_preemption(
+def test_under_pressure_pin_only_drops_the_latest_return_first_before_any_preemption(
     pin_daemon: ControlDaemon,
 ) -> None:
     sides = Sides(pin_daemon, free=2)
@@ -164,18 +164,46 @@ def test_under_pressure_the_latest_return_goes_first_parked_before_any_preemptio
     blocked = _turn("new", "c", 3, base=9000)
     scheduler.get_num_new_matched_tokens(blocked, 0)
     plan = scheduler.build_plan()
-    # The latest expected return is offered again under pressure: parked (the pool has room).
-    assert [s.req_id for s in plan.stores] == ["late"] and plan.release == []
+    # The latest expected return goes first; turn_end = "pin" parks nothing: freed now.
+    assert plan.stores == [] and plan.release == ["late"]
     assert scheduler.has_pending_block_frees()  # vLLM waits for these blocks, no preemption
     assert _step(sides.worker, plan) == {"late"}
     scheduler.finished_sending({"late"})
-    assert not scheduler.pins.in_flight  # the blocks are vLLM's again
+    assert sides.copies.stores == 0 and not scheduler.pins.in_flight
     assert scheduler.pins.released == {"pressure": 1} and list(scheduler.pins.book.pins) == ["soon"]
-    assert scheduler.pins.release_ms and scheduler.pins.release_ms[0] >= 0
+    assert pin_daemon.kinds("b")[-2:] == ["drop", "unpin"]
     # A running request that cannot allocate: the last pin goes, vLLM waits for it.
     assert scheduler.has_pending_block_frees()
     assert sides.step() == {"soon"} and not scheduler.pins.in_flight
     assert not scheduler.pins.book.pins  # nothing left: vLLM may preempt now
+
+
+def test_under_pressure_an_unbacked_pin_is_parked_latest_return_first_before_any_preemption(
+    tmp_path: Path, shm_dir: Path
+) -> None:
+    daemon = vllm_daemon(tmp_path, shm_dir)  # adaptive: both pauses are under pin_ttl_s 30 s
+    try:
+        sides = Sides(daemon, free=2)
+        daemon.client.protocol = 4  # as a daemon before protocol 5 said: pins get no copy
+        scheduler = sides.scheduler
+        pin_two(sides, late_s=20.0)
+        assert not any(p.backed for p in scheduler.pins.book.pins.values())
+        sides.step()
+        blocked = _turn("new", "c", 3, base=9000)
+        scheduler.get_num_new_matched_tokens(blocked, 0)
+        plan = scheduler.build_plan()
+        # The latest expected return is offered again under pressure: parked (room, and
+        # the recompute not measured yet), copied before its blocks are freed.
+        assert [s.req_id for s in plan.stores] == ["late"] and plan.release == []
+        assert scheduler.has_pending_block_frees()
+        assert _step(sides.worker, plan) == {"late"}
+        scheduler.finished_sending({"late"})
+        assert not scheduler.pins.in_flight  # the blocks are vLLM's again
+        assert scheduler.pins.released == {"pressure": 1}
+        assert list(scheduler.pins.book.pins) == ["soon"]
+        assert scheduler.pins.release_ms and scheduler.pins.release_ms[0] >= 0
+    finally:
+        daemon.close()
 
 
 def test_pins_never_hold_more_than_their_share_of_the_engine(
