@@ -14,6 +14,13 @@ buffers (the floor any move over a socket pays; the median of three copies). Pri
 run and as medians: the move's bytes per second, the socket's, their ratio (taken within
 one run), and the time the drained host took to hand over all its sessions; then the load
 average, since this machine is shared.
+
+The sessions' KV layout (``--kv``, :data:`KV_LAYOUTS`) is what sets the bytes a session
+carries: by default that of Llama-3-8B and Mistral-7B (32 layers of 8 KV heads of 128:
+128 KiB a token, 2 MiB a 16-token block), under a small compute (a narrow model body, so
+a CPU prefills it in seconds). ``small`` is the 16x smaller KV of earlier runs (128 KiB a
+block): its 16 MiB sessions of 2048 tokens measure each session's bookkeeping on both
+daemons more than bytes per second.
 """
 
 from __future__ import annotations
@@ -37,17 +44,31 @@ from agentpark.bench.common import MiB, stdout_console
 from agentpark.bench.served import ServedDaemon, toml_config
 from agentpark.config import load_settings
 
-__all__ = ["BENCH_MODEL", "MoveRun", "run_move_bench", "socket_copy_s"]
+__all__ = ["BENCH_MODEL", "KV_LAYOUTS", "MoveRun", "run_move_bench", "socket_copy_s"]
 
-BENCH_MODEL: dict[str, int] = {
-    "d_model": 256,
-    "n_layers": 8,
-    "n_heads": 8,
-    "n_kv_heads": 8,
-    "head_dim": 32,
-    "ffn_dim": 512,
+KV_LAYOUTS: dict[str, dict[str, int]] = {
+    # Llama-3-8B's and Mistral-7B's KV (32 x 8 x 128, bfloat16) on a narrow body.
+    "llama3-8b": {
+        "d_model": 256,
+        "n_layers": 32,
+        "n_heads": 8,
+        "n_kv_heads": 8,
+        "head_dim": 128,
+        "ffn_dim": 512,
+    },
+    # The KV the bench used before 2026-12-03 17:40 UTC: 128 KiB a 16-token block.
+    "small": {
+        "d_model": 256,
+        "n_layers": 8,
+        "n_heads": 8,
+        "n_kv_heads": 8,
+        "head_dim": 32,
+        "ffn_dim": 512,
+    },
 }
-"""Wide KV for its compute: 128 KiB per 16-token block (bfloat16), cheap to prefill on a CPU."""
+"""Models by the KV layout their sessions carry; each prefills 1024 tokens in seconds here."""
+BENCH_MODEL = KV_LAYOUTS["llama3-8b"]
+"""The default: a real 8B model's KV per token (128 KiB), so a session's bytes are real."""
 TARGET_RATIO = 0.8
 SOCKET_COPIES = 3
 
@@ -113,10 +134,7 @@ def _config(
     root: Path, name: str, tokens: int, sessions: int, model: dict[str, int], room: int
 ) -> Path:
     """A daemon's config; its shm tier holds ``room`` runs' sessions."""
-    probe = load_settings(None, state_dir=root / name, model={**model, "max_seq_len": tokens + 32})
-    blocks = -(-tokens // probe.pool.block_size) + 1
-    block_bytes = 2 * model["n_layers"] * probe.pool.block_size * model["n_kv_heads"]
-    block_bytes *= model["head_dim"] * 2  # bfloat16
+    blocks, block_bytes = _geometry(root / name, model, tokens)
     return toml_config(
         root / f"{name}.toml",
         {
@@ -138,6 +156,15 @@ def _config(
     )
 
 
+def _geometry(state_dir: Path, model: dict[str, int], tokens: int) -> tuple[int, int]:
+    """Blocks a session of ``tokens`` takes (one spare), and the bytes of each block."""
+    probe = load_settings(None, state_dir=state_dir, model={**model, "max_seq_len": tokens + 32})
+    block_size = probe.pool.block_size
+    block_bytes = 2 * model["n_layers"] * block_size * model["n_kv_heads"]
+    block_bytes *= model["head_dim"] * 2  # bfloat16
+    return -(-tokens // block_size) + 1, block_bytes
+
+
 def _park(client: httpx.Client, session_id: str, tokens: int, rng: np.random.Generator) -> None:
     client.post("/v1/sessions", json={"session_id": session_id}).raise_for_status()
     prompt = rng.integers(0, 256, tokens - 1).tolist()
@@ -151,7 +178,7 @@ def _park(client: httpx.Client, session_id: str, tokens: int, rng: np.random.Gen
 
 def run_move_bench(
     sessions: int = 8,
-    tokens: int = 2048,
+    tokens: int = 1024,
     repeats: int = 3,
     model: dict[str, int] | None = None,
     seed: int = 0,
@@ -188,7 +215,7 @@ def run_move_bench(
             daemon.stop()
 
         shutil.rmtree(root, ignore_errors=True)
-    _print(console, runs, sessions, tokens)
+    _print(console, runs, sessions, tokens, _geometry(root, model, tokens)[1])
     return runs
 
 
@@ -225,8 +252,9 @@ def _bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def _print(console: Any, runs: list[MoveRun], sessions: int, tokens: int) -> None:
-    table = Table(title=f"move: {sessions} parked sessions of {tokens} tokens, A -> B (drain)")
+def _print(console: Any, runs: list[MoveRun], sessions: int, tokens: int, block: int) -> None:
+    title = f"move: {sessions} parked sessions of {tokens} tokens ({block // 1024} KiB a block)"
+    table = Table(title=f"{title}, A -> B (drain)")
     for column in ("run", "MiB", "move MB/s", "socket MB/s", "ratio", "drain s", "per session ms"):
         table.add_column(column, justify="right")
     for i, r in enumerate(runs):

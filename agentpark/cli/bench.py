@@ -68,8 +68,15 @@ def add_bench_commands(commands: Commands, sub: Subparsers[argparse.ArgumentPars
         "a plain loopback socket copy of the same bytes, and the drained host's hand-over time",
     )
     move.add_argument("--sessions", type=int, default=8, help="parked sessions per run")
-    move.add_argument("--tokens", type=int, default=2048, help="tokens per session")
+    move.add_argument("--tokens", type=int, default=1024, help="tokens per session")
     move.add_argument("--repeats", type=int, default=3, help="runs (medians)")
+    move.add_argument(
+        "--kv",
+        choices=("llama3-8b", "small"),
+        default="llama3-8b",
+        help="the sessions' KV layout: llama3-8b (32 layers x 8 KV heads x 128, 2 MiB a "
+        "16-token block), small (128 KiB a block: per-session costs more than bytes)",
+    )
     move.set_defaults(run=bench_move)
 
 
@@ -385,7 +392,8 @@ def parse_size(text: str) -> int:
 
 
 def bench_move(args: argparse.Namespace) -> int:
-    from agentpark.bench.move import run_move_bench
+    from agentpark.bench.move import KV_LAYOUTS, run_move_bench
 
-    run_move_bench(sessions=args.sessions, tokens=args.tokens, repeats=args.repeats)
+    model = KV_LAYOUTS[args.kv]
+    run_move_bench(sessions=args.sessions, tokens=args.tokens, repeats=args.repeats, model=model)
     return 0
