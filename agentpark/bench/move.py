@@ -131,10 +131,17 @@ def socket_copy_s(nbytes: int, chunk: int) -> float:
 
 
 def _config(
-    root: Path, name: str, tokens: int, sessions: int, model: dict[str, int], room: int
+    root: Path,
+    name: str,
+    tokens: int,
+    sessions: int,
+    model: dict[str, int],
+    geometry: tuple[int, int],
+    room: int,
 ) -> Path:
-    """A daemon's config; its shm tier holds ``room`` runs' sessions."""
-    blocks, block_bytes = _geometry(root / name, model, tokens)
+    """A daemon's config; its shm tier holds ``room`` runs' sessions (``geometry``: the
+    blocks a session takes and the bytes of each, from :func:`_geometry`)."""
+    blocks, block_bytes = geometry
     return toml_config(
         root / f"{name}.toml",
         {
@@ -156,9 +163,9 @@ def _config(
     )
 
 
-def _geometry(state_dir: Path, model: dict[str, int], tokens: int) -> tuple[int, int]:
+def _geometry(model: dict[str, int], tokens: int) -> tuple[int, int]:
     """Blocks a session of ``tokens`` takes (one spare), and the bytes of each block."""
-    probe = load_settings(None, state_dir=state_dir, model={**model, "max_seq_len": tokens + 32})
+    probe = load_settings(None, model={**model, "max_seq_len": tokens + 32})
     block_size = probe.pool.block_size
     block_bytes = 2 * model["n_layers"] * block_size * model["n_kv_heads"]
     block_bytes *= model["head_dim"] * 2  # bfloat16
@@ -187,17 +194,18 @@ def run_move_bench(
     model = model or BENCH_MODEL
     console = stdout_console()
     rng = np.random.default_rng(seed)
+    geometry = _geometry(model, tokens)
     root = Path(tempfile.mkdtemp(prefix="agentpark-bench-move-", dir="/dev/shm"))
     daemons: list[ServedDaemon] = []
     runs: list[MoveRun] = []
     try:
-        a = ServedDaemon(_config(root, "a", tokens, sessions, model, 2))
+        a = ServedDaemon(_config(root, "a", tokens, sessions, model, geometry, 2))
         daemons.append(a)
         # B's tier holds one run: the warm-up writes every page of it once, so the timed
         # runs write into memory the kernel has mapped already, as a daemon that has been
         # up a while does (and as the socket copy's preallocated buffer is); a fresh tier
         # pays a page fault per 4 KiB page on its first write.
-        b = ServedDaemon(_config(root, "b", tokens, sessions, model, 1))
+        b = ServedDaemon(_config(root, "b", tokens, sessions, model, geometry, 1))
         daemons.append(b)
         a_token, b_token = a.token, b.token
         with (
@@ -215,7 +223,7 @@ def run_move_bench(
             daemon.stop()
 
         shutil.rmtree(root, ignore_errors=True)
-    _print(console, runs, sessions, tokens, _geometry(root, model, tokens)[1])
+    _print(console, runs, sessions, tokens, geometry[1])
     return runs
 
 

@@ -54,7 +54,7 @@ takes the client a round trip and vLLM a scheduler step or two to come back, and
 held a second longer than needed costs only that second of its blocks."""
 
 
-PIN_ONLY = "turn_end=pin parks nothing: dropped"
+_PIN_ONLY = "turn_end=pin parks nothing: dropped"
 
 
 def _pin_room(facts: TurnEndFacts, rule: TurnEndRule) -> str | None:
@@ -110,7 +110,7 @@ def choose(facts: TurnEndFacts, rule: TurnEndRule) -> TurnEndChoice:
         return TurnEndChoice("dropped", "no whole block to keep")
     if facts.pressure:
         if rule.mode == "pin":
-            return TurnEndChoice("dropped", f"the pool needs the pinned blocks; {PIN_ONLY}")
+            return TurnEndChoice("dropped", f"the pool needs the pinned blocks; {_PIN_ONLY}")
         return _park_or_drop(facts, "the pool needs the pinned blocks")
     no_room = _pin_room(facts, rule) if rule.pin_share > 0 else "pin_share is 0"
     expected, source = facts.expected_s, facts.expected_source
@@ -119,7 +119,7 @@ def choose(facts: TurnEndFacts, rule: TurnEndRule) -> TurnEndChoice:
             return TurnEndChoice(
                 "pinned", f"pinned for pin_ttl_s {rule.pin_ttl_s:g}s (turn_end=pin)", rule.pin_ttl_s
             )
-        return TurnEndChoice("dropped", f"no room to pin: {no_room}; {PIN_ONLY}")
+        return TurnEndChoice("dropped", f"no room to pin: {no_room}; {_PIN_ONLY}")
     if expected is None:
         return _park_or_drop(facts, f"no expected pause ({source}): not pinned")
     if expected >= rule.pin_ttl_s:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from agentpark.bench.move import BENCH_MODEL, KV_LAYOUTS, _geometry, run_move_bench, socket_copy_s
@@ -38,13 +36,13 @@ def test_the_socket_reference_moves_every_byte() -> None:
     assert socket_copy_s(3 * 2**20 + 5, 2**20) > 0
 
 
-def test_the_default_layout_carries_a_real_8b_models_kv(tmp_path: Path) -> None:
+def test_the_default_layout_carries_a_real_8b_models_kv() -> None:
     # Llama-3-8B / Mistral-7B: 32 layers x K,V x 8 KV heads x 128 x bfloat16 = 128 KiB a
     # token, 2 MiB a 16-token block; "small" is 16x less.
     assert BENCH_MODEL is KV_LAYOUTS["llama3-8b"]
-    blocks, block = _geometry(tmp_path, BENCH_MODEL, 1024)
+    blocks, block = _geometry(BENCH_MODEL, 1024)
     assert (blocks, block) == (1024 // 16 + 1, 2 * 2**20)
-    assert _geometry(tmp_path, KV_LAYOUTS["small"], 1024)[1] * 16 == block
+    assert _geometry(KV_LAYOUTS["small"], 1024)[1] * 16 == block
 
 
 def test_the_command_refuses_an_unknown_kv_layout(capsys: pytest.CaptureFixture[str]) -> None:
